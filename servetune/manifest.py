@@ -1,0 +1,216 @@
+"""Engine configs, trial manifests and the grid plan.
+
+A :class:`TrialManifest` is frozen canonical JSON; its sha256 is the trial id. It names the model
+by what it is (``tiny`` + generator version, a hub id + revision, or a local model's folder name +
+the sha256 of its config.json), never by where it lies on one machine, so the same trial has the
+same id on every node. Where to load the model from travels beside the manifest, in the GRANT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.canonical import sha256_json
+from servetune.spec import EngineArgs, ExperimentSpec, LoadPoint, ModelSpec
+from servetune.tiny import tiny_identity
+
+MANIFEST_VERSION = 1
+
+
+class EngineConfig(BaseModel):
+    """What needs a server restart: engine args plus the server's environment variables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    args: EngineArgs = Field(default_factory=EngineArgs)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def config_id(self) -> str:
+        """sha256 of the canonical args (unset ones left out) and environment."""
+        return sha256_json({"args": self.args.model_dump(exclude_none=True), "env": dict(sorted(self.env.items()))})
+
+    def label(self, only: Collection[str] | None = None) -> str:
+        """A short human description: the set args, then env (``only``: just these names,
+        engine args by name and env vars as ``env.NAME``, e.g. the swept ones)."""
+        parts = [
+            f"{_SHORT_NAMES.get(k, k)}={_short(v)}"
+            for k, v in self.args.model_dump(exclude_none=True).items()
+            if only is None or k in only
+        ]
+        parts += [f"{k}={v}" for k, v in sorted(self.env.items()) if only is None or f"env.{k}" in only]
+        return " ".join(parts) if parts else "(vLLM defaults)"
+
+
+_SHORT_NAMES = {
+    "max_num_batched_tokens": "batched_tokens",
+    "enable_chunked_prefill": "chunked_prefill",
+    "enable_prefix_caching": "prefix_caching",
+    "gpu_memory_utilization": "gpu_mem_util",
+    "tensor_parallel_size": "tp",
+}
+
+
+def swept_names(configs: Iterable[EngineConfig]) -> list[str]:
+    """Engine args (by name) and env vars (``env.NAME``) whose value differs across ``configs``."""
+    configs = list(configs)
+    names = [n for n in EngineArgs.model_fields if len({repr(getattr(c.args, n)) for c in configs}) > 1]
+    env_names = sorted({k for c in configs for k in c.env})
+    names += [f"env.{k}" for k in env_names if len({c.env.get(k) for c in configs}) > 1]
+    return names
+
+
+def _short(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+class TrialManifest(BaseModel):
+    """Immutable description of one trial: engine config x load point x repeat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manifest_version: int = MANIFEST_VERSION
+    experiment: str
+    model: dict[str, str]
+    backend: str
+    config_id: str
+    engine: EngineConfig
+    load_point: LoadPoint
+    repeat: int = 0
+    baseline_run: int | None = None
+
+    @property
+    def trial_id(self) -> str:
+        return sha256_json(self.model_dump(mode="json"))
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline_run is not None
+
+
+def model_identity(spec: ModelSpec) -> dict[str, str]:
+    """What a manifest records as the model: what it is, never a machine-local path."""
+    if spec.source == "tiny":
+        return tiny_identity()
+    if spec.source == "hub":
+        assert spec.id is not None
+        return {"source": "hub", "id": spec.id, "revision": spec.revision or "main"}
+    assert spec.path is not None
+    path = Path(spec.path)
+    try:
+        digest = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        digest = "unreadable"
+    return {"source": "path", "name": path.name, "config_sha256": digest}
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One GRANT's worth of work: one engine config and its trials in run order."""
+
+    index: int
+    config: EngineConfig
+    trials: tuple[TrialManifest, ...]
+    is_baseline: bool = False
+
+    @property
+    def config_id(self) -> str:
+        return self.config.config_id
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole run order of an experiment, with how it was made (for provenance)."""
+
+    experiment: str
+    batches: tuple[PlannedBatch, ...]
+    design: str = "grid"
+    randomized: bool = True
+    seed: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def trials(self) -> list[TrialManifest]:
+        return [t for b in self.batches for t in b.trials]
+
+    def configs(self) -> dict[str, EngineConfig]:
+        return {b.config_id: b.config for b in self.batches}
+
+    def estimate_seconds(self, server_start_s: float = 50.0, per_trial_overhead_s: float = 3.0) -> float:
+        """Rough wall time: every batch starts a server, every trial runs its load point."""
+        return sum(
+            server_start_s + sum(t.load_point.expected_seconds() + per_trial_overhead_s for t in b.trials)
+            for b in self.batches
+        )
+
+
+def plan_grid(spec: ExperimentSpec) -> Plan:
+    """The grid design: every config x load point x repeat, one batch per (config, repeat).
+
+    With ``planner.randomize`` the batch order and the load-point order inside each batch are
+    shuffled under ``planner.seed``; the order is part of the plan and recorded with the results.
+    Baseline batches run first, after every ``baseline.every_batches`` batches, and last.
+    """
+    rng = random.Random(spec.planner.seed)
+    ident = model_identity(spec.model)
+    backend = spec.backend.kind
+
+    def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeat: int, baseline_run: int | None) -> PlannedBatch:
+        lps = list(load_points)
+        if spec.planner.randomize:
+            rng.shuffle(lps)
+        trials = tuple(
+            TrialManifest(
+                experiment=spec.name,
+                model=ident,
+                backend=backend,
+                config_id=config.config_id,
+                engine=config,
+                load_point=lp,
+                repeat=repeat,
+                baseline_run=baseline_run,
+            )
+            for lp in lps
+        )
+        return PlannedBatch(index=-1, config=config, trials=trials, is_baseline=baseline_run is not None)
+
+    configs = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
+    work = [(c, r) for r in range(spec.repeats) for c in configs]
+    if spec.planner.randomize:
+        rng.shuffle(work)
+    main = [make_batch(c, spec.load_points, r, None) for c, r in work]
+
+    ordered: list[PlannedBatch] = []
+    if spec.baseline is None:
+        ordered = main
+    else:
+        bl = spec.baseline
+        base_args = {**spec.engine.fixed.model_dump(exclude_none=True), **bl.engine.model_dump(exclude_none=True, exclude={"env"})}
+        bl_config = EngineConfig(args=EngineArgs(**base_args), env={**spec.engine.env, **bl.engine.env})
+        bl_lps = [lp for lp in spec.load_points if bl.load_points is None or lp.name in bl.load_points]
+        run = 0
+        ordered.append(make_batch(bl_config, bl_lps, 0, run))
+        for i, batch in enumerate(main, start=1):
+            ordered.append(batch)
+            if i % bl.every_batches == 0 and i < len(main):
+                run += 1
+                ordered.append(make_batch(bl_config, bl_lps, 0, run))
+        run += 1
+        ordered.append(make_batch(bl_config, bl_lps, 0, run))
+    batches = tuple(
+        PlannedBatch(index=i, config=b.config, trials=b.trials, is_baseline=b.is_baseline) for i, b in enumerate(ordered)
+    )
+    return Plan(
+        experiment=spec.name,
+        batches=batches,
+        design="grid",
+        randomized=spec.planner.randomize,
+        seed=spec.planner.seed,
+    )

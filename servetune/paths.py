@@ -1,0 +1,50 @@
+"""Where experiments live: the results root and how an EXPERIMENT argument is resolved."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from servetune.errors import ExperimentNotFoundError
+
+RESULTS_ROOT_ENV = "SERVETUNE_RESULTS_ROOT"
+DEFAULT_RESULTS_ROOT = "runs"
+
+
+def results_root(override: str | os.PathLike[str] | None = None) -> Path:
+    """``override`` if given, else ``$SERVETUNE_RESULTS_ROOT``, else ``./runs``."""
+    if override:
+        return Path(override)
+    return Path(os.environ.get(RESULTS_ROOT_ENV) or DEFAULT_RESULTS_ROOT)
+
+
+def experiment_dir(name: str, root: str | os.PathLike[str] | None = None) -> Path:
+    return results_root(root) / name
+
+
+def resolve_experiment_dir(experiment: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> Path:
+    """Accept an experiment's name, its folder, or its spec file (YAML with a ``name``).
+
+    Raises :class:`ExperimentNotFoundError` naming what was tried.
+    """
+    text = str(experiment)
+    candidate = Path(text)
+    if candidate.is_dir() and (candidate / "experiment.sqlite").exists():
+        return candidate
+    if candidate.is_file() and candidate.suffix in {".yaml", ".yml"}:
+        import yaml
+
+        try:
+            data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ExperimentNotFoundError(f"cannot read experiment spec {candidate}: {exc}") from None
+        name = data.get("name") if isinstance(data, dict) else None
+        if not isinstance(name, str):
+            raise ExperimentNotFoundError(f"spec {candidate} has no 'name'")
+        text = name
+    folder = experiment_dir(text, root)
+    if (folder / "experiment.sqlite").exists():
+        return folder
+    raise ExperimentNotFoundError(
+        f"no experiment {text!r} under results root {results_root(root)} (looked for {folder}/experiment.sqlite)"
+    )

@@ -1,0 +1,131 @@
+"""The spec's default ranking policy, applied to per-trial summaries (pure, standard library).
+
+Per load point, each engine config gets one row: the median of its repeats' per-trial statistics
+(repeats are the unit of replication). Configs whose trials failed rank last; with
+``require_slos`` those that meet every SLO rank before those that miss one; then the objective,
+highest first. Baseline re-runs are drift controls and are left out of the ranking.
+
+The full analysis (uncertainty, distinguishability, other policies) lives in ``analysis``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servetune.spec import RankingPolicy
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """What the ranking needs of one trial's latest finished attempt (or its hole)."""
+
+    trial_id: str
+    config_id: str
+    config_label: str
+    load_point: str
+    status: str  # ok / failed / hole
+    failure_kind: str | None
+    metrics: dict[str, Any]
+    is_baseline: bool = False
+
+
+@dataclass
+class RankedConfig:
+    rank: int
+    config_id: str
+    config_label: str
+    load_point: str
+    n_ok: int
+    n_failed: int
+    n_holes: int
+    values: dict[str, float | None] = field(default_factory=dict)
+    slos_met: bool | None = None
+    failure: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.n_ok:
+            return "ok"
+        return "failed" if self.n_failed else "hole"
+
+
+def _median(xs: Iterable[Any]) -> float | None:
+    vals = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.median(vals) if vals else None
+
+
+def _q(metrics: dict[str, Any], name: str, q: float) -> Any:
+    qs = metrics.get("quantiles") or []
+    vals = metrics.get(name) or []
+    for qq, v in zip(qs, vals):
+        if abs(qq - q) < 1e-9:
+            return v
+    return None
+
+
+def summary_values(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The columns shown in the ranked table, from one trial's metrics."""
+    return {
+        "request_throughput": metrics.get("request_throughput"),
+        "output_throughput": metrics.get("output_throughput"),
+        "total_token_throughput": metrics.get("total_token_throughput"),
+        "request_goodput": metrics.get("request_goodput"),
+        "ttft_p50_ms": _q(metrics, "ttft_ms", 0.5),
+        "ttft_p99_ms": _q(metrics, "ttft_ms", 0.99),
+        "tpot_p50_ms": _q(metrics, "tpot_ms", 0.5),
+        "tpot_p99_ms": _q(metrics, "tpot_ms", 0.99),
+        "n_errors": metrics.get("n_errors"),
+        "slo_attainment": metrics.get("slo_attainment"),
+    }
+
+
+def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, list[RankedConfig]]:
+    """Rank engine configs per load point (insertion order of load points is kept)."""
+    groups: dict[str, dict[str, list[TrialSummary]]] = {}
+    for t in trials:
+        if t.is_baseline:
+            continue
+        groups.setdefault(t.load_point, {}).setdefault(t.config_id, []).append(t)
+    out: dict[str, list[RankedConfig]] = {}
+    for lp, by_config in groups.items():
+        rows: list[RankedConfig] = []
+        for config_id, ts in by_config.items():
+            ok = [t for t in ts if t.status == "ok"]
+            failed = [t for t in ts if t.status == "failed"]
+            per_trial = [summary_values(t.metrics) for t in ok]
+            values = {k: _median(v[k] for v in per_trial) for k in (per_trial[0] if per_trial else {})}
+            met = [t.metrics.get("slos_met") for t in ok]
+            slos_met = None if not ok or all(m is None for m in met) else all(bool(m) for m in met if m is not None)
+            failure = None
+            if failed and not ok:
+                failure = failed[-1].failure_kind or "failed"
+            rows.append(
+                RankedConfig(
+                    rank=0,
+                    config_id=config_id,
+                    config_label=ts[0].config_label,
+                    load_point=lp,
+                    n_ok=len(ok),
+                    n_failed=len(failed),
+                    n_holes=len(ts) - len(ok) - len(failed),
+                    values=values,
+                    slos_met=slos_met,
+                    failure=failure,
+                )
+            )
+
+        def key(r: RankedConfig) -> tuple[int, int, float]:
+            measured = 0 if r.n_ok else 1
+            slo_gate = 1 if (policy.require_slos and r.slos_met is False) else 0
+            objective = r.values.get(policy.objective)
+            return (measured, slo_gate, -(objective if objective is not None else -math.inf))
+
+        rows.sort(key=key)
+        for i, r in enumerate(rows, start=1):
+            r.rank = i
+        out[lp] = rows
+    return out

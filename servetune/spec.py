@@ -1,0 +1,494 @@
+"""The experiment spec: one YAML file that says what to measure, how, and how to rank it.
+
+``load_spec(path)`` parses YAML into :class:`ExperimentSpec` (pydantic, unknown keys refused) and
+then checks the engine configurations it expands to against combinations vLLM is known to refuse.
+Every problem is reported at once as a :class:`~servetune.errors.SpecIssue` with its YAML path.
+
+Sections: ``name``, ``model``, ``engine`` (typed vLLM engine args, fixed and swept, plus server
+environment variables), ``load_points``, ``slos``, ``ranking``, ``repeats``, ``baseline``,
+``planner``, ``budgets``, ``backend``. See ``configs/quickstart.yaml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from servetune.errors import SpecError, SpecIssue
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+def _env_value(value: Any) -> Any:
+    """YAML writes ``1`` and ``true`` unquoted; an environment variable is always a string."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+
+class StrictModel(BaseModel):
+    """Base of every spec section: unknown keys are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(StrictModel):
+    """Which model to serve: the generated ``tiny`` model, a local ``path``, or a ``hub`` id."""
+
+    source: Literal["tiny", "path", "hub"] = "tiny"
+    path: str | None = Field(None, description="folder with config.json (source: path)")
+    id: str | None = Field(None, description="Hugging Face hub id, resolved on the node (source: hub)")
+    revision: str | None = None
+    load_format: Literal["auto", "dummy", "safetensors", "pt"] | None = Field(
+        None, description="vLLM --load-format; the tiny model always uses dummy (random) weights"
+    )
+    served_name: Annotated[str, StringConstraints(min_length=1, max_length=200)] = "servetune-model"
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSpec:
+        if self.source == "path" and not self.path:
+            raise ValueError("model.path is required when model.source is 'path'")
+        if self.source == "hub" and not self.id:
+            raise ValueError("model.id is required when model.source is 'hub'")
+        if self.source != "path" and self.path:
+            raise ValueError(f"model.path is only allowed with source 'path' (source is {self.source!r})")
+        if self.source != "hub" and (self.id or self.revision):
+            raise ValueError(f"model.id and model.revision are only allowed with source 'hub' (source is {self.source!r})")
+        return self
+
+
+class EngineArgs(StrictModel):
+    """Typed vLLM engine arguments. ``None`` means "vLLM's default": the flag is not passed."""
+
+    max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="--max-num-batched-tokens")
+    enable_chunked_prefill: bool | None = Field(None, description="--[no-]enable-chunked-prefill")
+    enable_prefix_caching: bool | None = Field(None, description="--[no-]enable-prefix-caching")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization")
+    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = Field(None, description="--block-size")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
+    max_model_len: int | None = Field(None, ge=16, description="--max-model-len")
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="--tensor-parallel-size")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
+    enforce_eager: bool | None = Field(None, description="--[no-]enforce-eager")
+    seed: int | None = Field(None, ge=0)
+
+    def cli_args(self) -> list[str]:
+        """The argv fragment for ``vllm serve`` / the OpenAI API server, in field order."""
+        argv: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+
+ENGINE_ARG_NAMES: tuple[str, ...] = tuple(EngineArgs.model_fields)
+
+
+class EngineConfigSpec(EngineArgs):
+    """One explicit engine configuration: engine args plus server environment variables."""
+
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+
+
+def _grid_model() -> type[BaseModel]:
+    """A model with one optional non-empty list per engine arg, so grid values are type-checked."""
+    fields: dict[str, Any] = {}
+    for name, info in EngineArgs.model_fields.items():
+        inner = _strip_optional(info.annotation)
+        item = Annotated[(inner, *info.metadata)] if info.metadata else inner  # type: ignore[valid-type]
+        fields[name] = (list[item] | None, Field(None, min_length=1))  # type: ignore[valid-type]
+    from pydantic import create_model
+
+    return create_model("EngineGrid", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
+
+
+def _strip_optional(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+EngineGrid = _grid_model()
+
+
+class EngineSpace(StrictModel):
+    """The engine search space: ``fixed`` args for every config, a ``grid`` (full factorial),
+    explicit ``configs`` (each merged over ``fixed``), and server ``env`` fixed or swept (``env_grid``)."""
+
+    fixed: EngineArgs = Field(default_factory=EngineArgs)
+    grid: EngineGrid = Field(default_factory=EngineGrid)  # type: ignore[valid-type]
+    configs: list[EngineConfigSpec] = Field(default_factory=list)
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    env_grid: dict[EnvName, Annotated[list[EnvValue], Field(min_length=1)]] = Field(default_factory=dict)
+
+    def expand(self) -> list[tuple[EngineArgs, dict[str, str]]]:
+        """Every engine configuration this space describes, in a stable order, duplicates removed."""
+        grid = typing.cast(BaseModel, self.grid).model_dump()
+        grid_items = [(k, v) for k, v in grid.items() if v is not None]
+        env_items = sorted(self.env_grid.items())
+        base = self.fixed.model_dump(exclude_none=True)
+        out: list[tuple[EngineArgs, dict[str, str]]] = []
+        seen: set[str] = set()
+
+        def add(args: dict[str, Any], env: dict[str, str]) -> None:
+            key = json.dumps([args, env], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append((EngineArgs(**args), env))
+
+        grid_combos = list(itertools.product(*[v for _, v in grid_items])) if grid_items else [()]
+        env_combos = list(itertools.product(*[v for _, v in env_items])) if env_items else [()]
+        if grid_items or not self.configs:
+            for combo in grid_combos:
+                for env_combo in env_combos:
+                    args = {**base, **dict(zip([k for k, _ in grid_items], combo))}
+                    env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo))}
+                    add(args, env)
+        for explicit in self.configs:
+            extra = explicit.model_dump(exclude_none=True, exclude={"env"})
+            for env_combo in env_combos:
+                env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo)), **explicit.env}
+                add({**base, **extra}, env)
+        return out
+
+
+class LoadPoint(StrictModel):
+    """What varies against one running server: arrival, request count or duration, lengths."""
+
+    name: Name
+    request_rate: float | None = Field(None, gt=0, description="requests/s; omit for as fast as max_concurrency allows")
+    max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight (closed loop when alone)")
+    arrival: Literal["poisson", "constant"] = "poisson"
+    num_requests: int | None = Field(None, ge=1, le=1_000_000)
+    duration_s: float | None = Field(None, gt=0, le=86_400)
+    input_len: int = Field(128, ge=1, le=1_000_000)
+    output_len: int = Field(64, ge=1, le=1_000_000)
+    warmup_requests: int = Field(0, ge=0, le=100_000)
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> LoadPoint:
+        if self.request_rate is None and self.max_concurrency is None:
+            raise ValueError("set request_rate, max_concurrency, or both")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests, duration_s, or both (the first reached stops the load point)")
+        return self
+
+    def expected_seconds(self) -> float:
+        """A rough length of the measurement, for plans and ETAs (seconds)."""
+        if self.duration_s is not None and self.num_requests is None:
+            return self.duration_s
+        n = self.num_requests or 0
+        est = n / self.request_rate if self.request_rate else n * self.output_len * 0.004 / max(1, self.max_concurrency or 1) + 2.0
+        if self.duration_s is not None:
+            est = min(est, self.duration_s)
+        return est + self.warmup_requests * 0.5
+
+
+class SLO(StrictModel):
+    """A latency objective: ``metric`` at ``percentile`` must be at most ``max_ms``.
+
+    The same thresholds, applied to each request, define goodput (as ``vllm bench serve`` does).
+    """
+
+    metric: Literal["ttft_ms", "tpot_ms", "e2el_ms"]
+    percentile: float = Field(99.0, gt=0, le=100)
+    max_ms: float = Field(gt=0)
+
+
+RankMetric = Literal["output_throughput", "request_throughput", "total_token_throughput", "request_goodput"]
+
+
+class RankingPolicy(StrictModel):
+    """Default ranking: the highest ``objective``, configurations meeting every SLO first."""
+
+    objective: RankMetric = "output_throughput"
+    require_slos: bool = True
+
+
+class BaselineSpec(StrictModel):
+    """A reference engine config re-run at the start, every ``every_batches`` batches, and at the end."""
+
+    engine: EngineConfigSpec
+    every_batches: int = Field(4, ge=1)
+    load_points: list[Name] | None = Field(None, description="subset of load point names; default all")
+
+
+class PlannerSpec(StrictModel):
+    kind: Literal["grid"] = "grid"
+    randomize: bool = True
+    seed: int = Field(0, ge=0)
+
+
+class Budgets(StrictModel):
+    """Time budgets in seconds. A trial past its budget is a measurement failure; a sweep past its
+    budget stops granting work and leaves the rest as holes."""
+
+    server_start_timeout_s: float = Field(300, gt=0, le=7200)
+    trial_timeout_s: float = Field(900, gt=0, le=86_400)
+    sweep_timeout_s: float | None = Field(None, gt=0)
+    drain_timeout_s: float = Field(60, gt=0, le=3600)
+
+
+class BackendSpec(StrictModel):
+    """How a node runs the server. ``python``/``launch`` let a node keep vLLM in its own environment."""
+
+    kind: Literal["vllm"] = "vllm"
+    python: str | None = Field(None, description="interpreter with vLLM; default: the daemon's own")
+    launch: list[str] | None = Field(
+        None, min_length=1, description="command prefix replacing `PYTHON -m vllm.entrypoints.openai.api_server`"
+    )
+
+
+class ExperimentSpec(StrictModel):
+    """A whole experiment. Build it with :func:`load_spec` to get every check, not just types."""
+
+    name: Name
+    description: str = ""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    engine: EngineSpace = Field(default_factory=EngineSpace)
+    load_points: list[LoadPoint] = Field(min_length=1)
+    slos: list[SLO] = Field(default_factory=list)
+    ranking: RankingPolicy = Field(default_factory=RankingPolicy)
+    repeats: int = Field(1, ge=1, le=100)
+    baseline: BaselineSpec | None = None
+    planner: PlannerSpec = Field(default_factory=PlannerSpec)
+    budgets: Budgets = Field(default_factory=Budgets)
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON of the validated spec (defaults filled in)."""
+        from servetune.canonical import sha256_json
+
+        return sha256_json(self.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- loading & checks
+
+
+def load_spec(path: str | os.PathLike[str]) -> ExperimentSpec:
+    """Read, parse and fully check an experiment YAML. Raises :class:`SpecError` listing every issue."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(source, [SpecIssue("", f"file not found: {source}")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(source, [SpecIssue("", f"cannot read {source}: {exc}")]) from None
+    return parse_spec(text, source=source, base_dir=Path(path).resolve().parent)
+
+
+def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = None) -> ExperimentSpec:
+    """Parse YAML text into a checked :class:`ExperimentSpec` (see :func:`load_spec`)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(source, [SpecIssue("", f"malformed YAML at {where}: {problem}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError(source, [SpecIssue("", f"expected a mapping at the top level, got {type(data).__name__}")])
+    if base_dir is not None:
+        model = data.get("model")
+        if isinstance(model, dict) and isinstance(model.get("path"), str):
+            model_path = Path(os.path.expanduser(model["path"]))
+            if not model_path.is_absolute():
+                data = {**data, "model": {**model, "path": str((base_dir / model_path).resolve())}}
+    try:
+        spec = ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(source, _issues_from_validation(exc)) from None
+    issues = check_spec(spec)
+    if issues:
+        raise SpecError(source, issues)
+    return spec
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _issues_from_validation(exc: ValidationError) -> list[SpecIssue]:
+    issues = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        else:
+            msg = f"{msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err["input"], dict) else msg
+        issues.append(SpecIssue(_loc_to_path(loc), msg))
+    return issues
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """Walk the model annotations along ``loc`` to list the keys allowed where an unknown one was found."""
+    model: Any = ExperimentSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return []
+        model = _first_model(info.annotation)
+        if model is None:
+            return []
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def model_architecture(spec: ModelSpec) -> dict[str, Any] | None:
+    """The model's config.json as far as it can be known where the spec is checked (None: unknown)."""
+    from servetune.tiny import TINY_MODEL_CONFIG
+
+    if spec.source == "tiny":
+        return dict(TINY_MODEL_CONFIG)
+    if spec.source == "path" and spec.path:
+        cfg = Path(spec.path) / "config.json"
+        try:
+            loaded = json.loads(cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
+    return None
+
+
+def engine_combination_problems(args: EngineArgs, arch: dict[str, Any] | None) -> list[str]:
+    """Reasons vLLM is known to refuse this combination of engine args (empty: none known)."""
+    problems: list[str] = []
+    max_pos = arch.get("max_position_embeddings") if arch else None
+    max_len = args.max_model_len or (max_pos if isinstance(max_pos, int) else None)
+    mnbt = args.max_num_batched_tokens
+    if mnbt is not None and args.max_num_seqs is not None and mnbt < args.max_num_seqs:
+        problems.append(
+            f"max_num_batched_tokens ({mnbt}) < max_num_seqs ({args.max_num_seqs}): vLLM refuses to start"
+        )
+    if args.enable_chunked_prefill is False and mnbt is not None and max_len is not None and mnbt < max_len:
+        problems.append(
+            f"max_num_batched_tokens ({mnbt}) < max_model_len ({max_len}) with chunked prefill off: "
+            "vLLM refuses to start (a whole prompt must fit in one batch); raise max_num_batched_tokens, "
+            "lower max_model_len, or enable chunked prefill"
+        )
+    if args.max_model_len is not None and isinstance(max_pos, int) and args.max_model_len > max_pos:
+        problems.append(
+            f"max_model_len ({args.max_model_len}) exceeds the model's max_position_embeddings ({max_pos})"
+        )
+    heads = arch.get("num_attention_heads") if arch else None
+    tp = args.tensor_parallel_size
+    if tp is not None and isinstance(heads, int) and heads % tp != 0:
+        problems.append(f"num_attention_heads ({heads}) is not divisible by tensor_parallel_size ({tp})")
+    return problems
+
+
+def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
+    """Checks beyond types: model presence, unique names, refused engine combinations, lengths."""
+    issues: list[SpecIssue] = []
+    if spec.model.source == "path" and spec.model.path:
+        p = Path(spec.model.path)
+        if not p.is_dir():
+            issues.append(SpecIssue("model.path", f"model folder does not exist: {p}"))
+        elif not (p / "config.json").is_file():
+            issues.append(SpecIssue("model.path", f"no config.json in model folder {p}"))
+    names = [lp.name for lp in spec.load_points]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            issues.append(SpecIssue(f"load_points[{i}].name", f"duplicate load point name {name!r}"))
+    arch = model_architecture(spec.model)
+    configs = spec.engine.expand()
+    if spec.baseline is not None:
+        base = spec.engine.fixed.model_dump(exclude_none=True)
+        extra = spec.baseline.engine.model_dump(exclude_none=True, exclude={"env"})
+        configs_with_paths: list[tuple[str, EngineArgs]] = [("baseline.engine", EngineArgs(**{**base, **extra}))]
+        for bl_name in spec.baseline.load_points or []:
+            if bl_name not in names:
+                issues.append(
+                    SpecIssue("baseline.load_points", f"unknown load point {bl_name!r}; defined: {', '.join(names)}")
+                )
+    else:
+        configs_with_paths = []
+    configs_with_paths += [(f"engine (config {_describe(a, e)})", a) for a, e in configs]
+    max_pos = arch.get("max_position_embeddings") if arch else None
+    for where, args in configs_with_paths:
+        for problem in engine_combination_problems(args, arch):
+            issues.append(SpecIssue(where, problem))
+        max_len = args.max_model_len or (max_pos if isinstance(max_pos, int) else None)
+        if max_len is None:
+            continue
+        for i, lp in enumerate(spec.load_points):
+            if lp.input_len + lp.output_len > max_len:
+                issues.append(
+                    SpecIssue(
+                        f"load_points[{i}]",
+                        f"input_len + output_len ({lp.input_len} + {lp.output_len}) exceeds max_model_len "
+                        f"({max_len}) of {where}: every request would be refused",
+                    )
+                )
+    # A smaller EngineArgs set that fails for one config should not be reported 50 times.
+    unique: list[SpecIssue] = []
+    for issue in issues:
+        if issue not in unique:
+            unique.append(issue)
+    return unique
+
+
+def _describe(args: EngineArgs, env: dict[str, str]) -> str:
+    parts = [f"{k}={v}" for k, v in args.model_dump(exclude_none=True).items()]
+    parts += [f"{k}={v}" for k, v in env.items()]
+    return ", ".join(parts) if parts else "vLLM defaults"
