@@ -1,0 +1,1 @@
+"""One module per ``python -m coordinator`` subcommand: ``register(subparsers)`` and ``run(args)``."""

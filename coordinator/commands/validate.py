@@ -1,0 +1,33 @@
+"""``python -m coordinator validate CONFIG``: report every problem of a spec, or its plan in one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from servetune.errors import SpecError
+from servetune.manifest import plan_grid
+from servetune.spec import load_spec
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check an experiment spec and exit non-zero on any problem")
+    p.add_argument("config", help="experiment YAML")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.config)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    plan = plan_grid(spec)
+    n_configs = len(plan.configs())
+    print(
+        f"ok: {spec.name}: {n_configs} engine config(s) x {len(spec.load_points)} load point(s) x "
+        f"{spec.repeats} repeat(s) = {len(plan.trials())} trials in {len(plan.batches)} server starts "
+        f"(estimated {plan.estimate_seconds() / 60:.1f} min)"
+    )
+    return 0

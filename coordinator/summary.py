@@ -1,0 +1,135 @@
+"""What a person reads at the end of a command: the plan, the ranked table, what changed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.store import Store
+from servetune.manifest import Plan, swept_names
+from servetune.ranking import RankedConfig, TrialSummary, rank
+from servetune.spec import ExperimentSpec
+
+
+def output_console() -> Console:
+    """Where tables go: stdout, wide enough for the ranked table even when piped."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
+    """``sweep --dry-run``: configs, trials, server starts and estimated time; runs nothing."""
+    configs = plan.configs()
+    trials = plan.trials()
+    swept = swept_names(configs.values()) or None
+    table = Table(title=f"plan for {spec.name}: {plan.design} design, order "
+                        + (f"randomised (seed {plan.seed})" if plan.randomized else "as written"))
+    table.add_column("#", justify="right")
+    table.add_column("config_id")
+    table.add_column("engine config" + (" (swept args)" if swept else ""))
+    table.add_column("load points (run order)")
+    table.add_column("repeat", justify="right")
+    for b in plan.batches:
+        table.add_row(
+            str(b.index),
+            b.config_id[:12],
+            b.config.label(swept) + (" [baseline]" if b.is_baseline else ""),
+            ", ".join(t.load_point.name for t in b.trials),
+            str(b.trials[0].repeat),
+        )
+    console.print(table)
+    console.print(
+        f"{len(configs)} engine config(s), {len(spec.load_points)} load point(s), {spec.repeats} repeat(s): "
+        f"{len(trials)} trials, {len(plan.batches)} server starts, estimated {_fmt_duration(plan.estimate_seconds())} "
+        "(about 50 s per server start on a 2-core CPU machine)"
+    )
+    console.print("dry run: nothing was started or written")
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def collect_summaries(store: Store) -> list[TrialSummary]:
+    """The current spec's trials with their latest finished attempt (holes included)."""
+    current = store.current_spec_hash()
+    planned = set(store.planned_trial_ids(current)) if current else set()
+    latest = store.latest_finished()
+    trials = [(tid, m) for tid, m, _ in store.trials() if tid in planned]
+    swept = swept_names(m.engine for _, m in trials) or None
+    out = []
+    for trial_id, m in trials:
+        att = latest.get(trial_id)
+        out.append(
+            TrialSummary(
+                trial_id=trial_id,
+                config_id=m.config_id,
+                config_label=m.engine.label(swept),
+                load_point=m.load_point.name,
+                status=att.status if att else "hole",
+                failure_kind=att.failure_kind if att else None,
+                metrics=(att.metrics or {}) if att else {},
+                is_baseline=m.is_baseline,
+            )
+        )
+    return out
+
+
+def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_path: Path | None) -> dict[str, list[RankedConfig]]:
+    """The ranked table per load point, under the spec's ranking policy, and where the results are."""
+    ranked = rank(collect_summaries(store), spec.ranking)
+    policy = spec.ranking
+    gate = ", configs meeting every SLO first" if policy.require_slos and spec.slos else ""
+    slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos) or "none"
+    for lp, rows in ranked.items():
+        table = Table(title=f"load point {lp}: ranked by {policy.objective}{gate} (SLOs: {slo_text})")
+        for col, justify in [
+            ("rank", "right"), ("engine config", "left"), ("req/s", "right"), ("out tok/s", "right"),
+            ("TTFT p50", "right"), ("TTFT p99", "right"), ("TPOT p50", "right"), ("TPOT p99", "right"),
+            ("errors", "right"), ("SLO attain.", "right"), ("status", "left"),
+        ]:
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for r in rows:
+            v = r.values
+            status = r.status if not r.failure else f"failed ({r.failure})"
+            if r.slos_met is False:
+                status += ", misses SLO"
+            if r.n_ok and (r.n_failed or r.n_holes):
+                status += f" ({r.n_failed} failed, {r.n_holes} holes)"
+            attain = v.get("slo_attainment")
+            table.add_row(
+                str(r.rank), r.config_label, _fmt(v.get("request_throughput"), 2), _fmt(v.get("output_throughput")),
+                _fmt(v.get("ttft_p50_ms")), _fmt(v.get("ttft_p99_ms")), _fmt(v.get("tpot_p50_ms")),
+                _fmt(v.get("tpot_p99_ms")), _fmt(v.get("n_errors"), 0),
+                f"{attain * 100:.0f}%" if isinstance(attain, (int, float)) and not math.isnan(attain) else "-",
+                status,
+            )
+        console.print(table)
+    console.print("latencies in ms; throughput per second; medians over repeats")
+    if dataset_path is not None:
+        console.print(f"results: {dataset_path}  (load with: analysis.load({spec.name!r}))")
+    return ranked
+
+
+def spec_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths that differ between two spec dumps, as ``path: old -> new`` lines."""
+    lines: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += spec_changes(a, b, path)
+        elif a != b:
+            lines.append(f"{path}: {a!r} -> {b!r}")
+    return lines
