@@ -1,0 +1,805 @@
+"""Lifecycle of one vLLM OpenAI API server process on this node.
+
+:class:`VLLMServer` builds the command line (a list, never a shell string) and the environment
+from a typed :class:`~servetune.manifest.EngineConfig`, starts the server in its own process
+group with its output appended to a log file, waits for ``GET /health`` under a deadline, reads
+the KV-cache capacity vLLM reports at start-up, and reads ``/metrics``. :meth:`VLLMServer.stop`
+ends the whole process group (API server, engine core, workers), so no vLLM outlives it.
+
+A server that does not come up raises :class:`ServerStartError` with its exit code, the tail of
+its log and a short classified reason (:func:`classify_failure`), which the daemon records as a
+``measurement`` failure.
+
+Threading: one thread drives a server (``start`` and the HTTP helpers); :meth:`VLLMServer.stop`
+may be called from any thread and is idempotent. ``start`` must run on a thread that outlives
+the server (see the ``PR_SET_PDEATHSIG`` note in :func:`_child_setup`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn
+
+from daemon import promtext
+from servetune.errors import ServetuneError
+from servetune.manifest import EngineConfig
+from servetune.result import ServerInfo
+from servetune.spec import BackendSpec
+
+log = logging.getLogger(__name__)
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: Lines of the server log carried by errors and results.
+LOG_TAIL_LINES = 60
+#: How much of the end of the log file is read to find the tail (the access log can be large).
+_TAIL_READ_BYTES = 256 * 1024
+#: How much of this run's log is read to find the start-up facts (KV-cache capacity).
+_HEAD_READ_BYTES = 4 * 1024 * 1024
+_PR_SET_PDEATHSIG = 1
+_HEALTH_REQUEST_TIMEOUT_S = 2.0
+_HEALTH_POLL_S = 0.5
+
+#: ``vllm:request_success_total`` finish reasons that count as a served request.
+OK_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "repetition"})
+
+#: ``counters()`` key -> vLLM /metrics sample name (summed over label sets).
+COUNTER_METRICS: dict[str, str] = {
+    "request_success_total": "vllm:request_success_total",
+    "generation_tokens_total": "vllm:generation_tokens_total",
+    "prompt_tokens_total": "vllm:prompt_tokens_total",
+    "num_preemptions_total": "vllm:num_preemptions_total",
+    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+}
+#: ``gauges()`` key -> vLLM /metrics sample name.
+GAUGE_METRICS: dict[str, str] = {
+    "num_requests_running": "vllm:num_requests_running",
+    "num_requests_waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
+}
+
+
+class ServerStartError(ServetuneError):
+    """A vLLM server exited or was not ready before its deadline.
+
+    Attributes:
+        reason: short words for a person, e.g. ``"exited with code 1: invalid engine arguments: ..."``.
+        exit_code: the server's exit status (negative: killed by that signal); ``None`` if unknown.
+        log_tail: the last lines of this run's server log.
+        log_path: where the whole log is.
+        classified: what :func:`classify_failure` recognised in the log, if anything.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        exit_code: int | None,
+        log_tail: str,
+        log_path: str | None = None,
+        classified: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.log_path = log_path
+        self.classified = classified
+        super().__init__(reason)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        kwargs = {
+            "exit_code": self.exit_code,
+            "log_tail": self.log_tail,
+            "log_path": self.log_path,
+            "classified": self.classified,
+        }
+        return (_rebuild_start_error, (self.reason, kwargs))
+
+    def __str__(self) -> str:
+        head = f"vLLM server did not start: {self.reason}"
+        if self.log_path:
+            head += f" (log: {self.log_path})"
+        tail = "\n".join(self.log_tail.splitlines()[-20:])
+        return f"{head}\n--- last lines of the server log ---\n{tail}" if tail else head
+
+
+def _rebuild_start_error(reason: str, kwargs: dict[str, Any]) -> ServerStartError:
+    return ServerStartError(reason, **kwargs)
+
+
+class ServerRequestError(ServetuneError):
+    """An HTTP request to a running server failed (connection error, timeout or bad status)."""
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+_KV_SIZE_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+_MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def parse_kv_cache(log_text: str) -> tuple[int | None, float | None]:
+    """The KV-cache capacity (tokens) and maximum concurrency vLLM reported at start-up.
+
+    vLLM logs e.g. ``CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 512 tokens per
+    request: 8192.00x`` (``GPU KV cache size`` on CUDA). The last report in ``log_text`` wins.
+    """
+    tokens: int | None = None
+    concurrency: float | None = None
+    for match in _KV_SIZE_RE.finditer(log_text):
+        tokens = int(match.group(1).replace(",", ""))
+    for match in _MAX_CONCURRENCY_RE.finditer(log_text):
+        concurrency = float(match.group(2))
+    return tokens, concurrency
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_ESTIMATED_LEN_RE = re.compile(r"estimated maximum model length is (\d+)")
+_MAX_SEQ_LEN_RE = re.compile(r"model's max seq len \((\d+)\)")
+_VALUE_ERROR_RE = re.compile(r"(?:ValueError: |Value error, )(.*?)(?: \[type=value_error.*)?$")
+_ARGPARSE_RE = re.compile(r": error: ((?:argument|unrecognized arguments|the following arguments).*)$")
+_EXCEPTION_RE = re.compile(r"^\s*(?:\(\S+ pid=\d+\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def _last_line(lines: list[str], needle: str) -> str | None:
+    for line in reversed(lines):
+        if needle in line:
+            return line
+    return None
+
+
+def classify_failure(log_text: str) -> str | None:
+    """A short reason for a well-known start-up failure found in a server log, or ``None``.
+
+    Most specific first: KV-cache memory, device memory, out-of-memory, port in use, illegal
+    instruction, invalid arguments (argparse, ``ValueError``, pydantic ``Value error``), then the
+    last ``...Error: message`` line.
+    """
+    lines = log_text.splitlines()
+    if _last_line(lines, "No available memory for the cache blocks"):
+        return "no memory left for the KV cache (No available memory for the cache blocks)"
+    estimated = _ESTIMATED_LEN_RE.findall(log_text)
+    if estimated or "larger than the available KV cache memory" in log_text:
+        wanted = _MAX_SEQ_LEN_RE.findall(log_text)
+        reason = "KV cache too small for max_model_len"
+        if wanted:
+            reason += f" ({wanted[-1]})"
+        if estimated:
+            reason += f": the estimated maximum model length is {estimated[-1]}"
+        return reason
+    line = _last_line(lines, "Free memory on device")
+    if line is not None:
+        start = line.find("Free memory on device")
+        return "not enough free device memory: " + _clip(line[start:])
+    line = _last_line(lines, "CUDA out of memory") or _last_line(lines, "OutOfMemoryError")
+    if line is not None:
+        return "out of memory: " + _clip(line.strip())
+    if _last_line(lines, "Address already in use"):
+        return "port already in use (Address already in use)"
+    if _last_line(lines, "Illegal instruction") or _last_line(lines, "SIGILL"):
+        return "illegal instruction: the kernels need an instruction set this CPU lacks"
+    for line in reversed(lines):
+        match = _ARGPARSE_RE.search(line)
+        if match:
+            return "invalid arguments: " + _clip(match.group(1))
+    for line in reversed(lines):
+        match = _VALUE_ERROR_RE.search(line)
+        if match and match.group(1).strip():
+            return "invalid engine arguments: " + _clip(match.group(1))
+    for line in reversed(lines):
+        match = _EXCEPTION_RE.match(line)
+        if match:
+            return f"{match.group(1)}: {_clip(match.group(2))}"
+    return None
+
+
+def cpu_list_string(cpus: list[int]) -> str:
+    """A core list in the ``0-2,5`` form vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` and taskset read."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def omp_bind_value(cpus: list[int], ranks: int = 1) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``cpus``: one list per tensor-parallel rank, ``|``-separated.
+
+    With more ranks than cores (or a core count not divisible by ranks) the cores are split as
+    evenly as possible; vLLM needs exactly one list per local rank.
+    """
+    ordered = sorted(set(cpus))
+    if ranks <= 1 or len(ordered) < ranks:
+        return cpu_list_string(ordered)
+    size, extra = divmod(len(ordered), ranks)
+    chunks: list[str] = []
+    start = 0
+    for rank in range(ranks):
+        end = start + size + (1 if rank < extra else 0)
+        chunks.append(cpu_list_string(ordered[start:end]))
+        start = end
+    return "|".join(chunks)
+
+
+@cache
+def is_cpu_node() -> bool:
+    """True when this node has no NVIDIA GPU (no ``/dev/nvidia0``, and ``nvidia-smi -L`` lists none)."""
+    if os.path.exists("/dev/nvidia0"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return True
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("nvidia-smi -L failed (%s); treating this node as CPU-only", exc)
+        return True
+    return not (out.returncode == 0 and "GPU " in out.stdout)
+
+
+def process_group_alive(pgid: int) -> bool:
+    """True while a live process is in process group ``pgid``.
+
+    ``os.killpg(pgid, 0)`` answers for the group; where ``/proc`` exists, a group whose members
+    are all zombies counts as gone (a container whose pid 1 does not reap orphans keeps them).
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    states = _group_states(pgid)
+    return states is None or any(state != "Z" for state in states)
+
+
+def _group_states(pgid: int) -> list[str] | None:
+    """Process states (``R``, ``S``, ``Z``...) of the members of ``pgid``; ``None`` without ``/proc``."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    states: list[str] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid):
+            states.append(fields[0])
+    return states
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS calls free on ``host`` now (bind to port 0). Another process may still take it
+    before vLLM binds; that start then fails with "port already in use"."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _client_host(host: str) -> str:
+    """Where a client on this node reaches a server bound to ``host``."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def _child_setup(cpus: list[int] | None) -> Callable[[], None] | None:
+    """The ``preexec_fn`` run in the forked child before it execs vLLM (Linux only).
+
+    It does two syscalls and nothing else:
+
+    - ``prctl(PR_SET_PDEATHSIG, SIGTERM)``: the server gets SIGTERM when its parent dies, so a
+      crashed daemon leaves no vLLM behind. Caveat: the signal fires when the *thread* that
+      forked the child exits, not the process. The daemon therefore starts servers from its
+      long-lived worker thread; starting one from a short-lived thread would kill the server
+      when that thread ends.
+    - ``sched_setaffinity(0, cpus)``: pin the server (and everything it forks: engine core,
+      workers) to its cores.
+
+    Why ``preexec_fn`` and not ``taskset``/``setpriv`` in argv: the death signal needs code in
+    the child anyway, and the argv stays exactly the vLLM command we record and export. Python
+    warns that ``preexec_fn`` may deadlock in a threaded parent if the child needs a lock another
+    thread held at fork time. We keep that risk out: libc's ``prctl`` is looked up here, in the
+    parent, so the child neither imports nor dlopens; the child only calls two already-bound
+    functions (glibc's fork handlers keep malloc usable in the child).
+    """
+    if not sys.platform.startswith("linux"):
+        if cpus:
+            log.warning("pinning a server to cores is only supported on Linux; ignoring cpus=%s", cpus)
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        prctl.restype = ctypes.c_int
+    except (OSError, AttributeError) as exc:  # pragma: no cover - every glibc/musl has prctl
+        log.warning("prctl unavailable (%s): the server will not die with the daemon", exc)
+        prctl = None
+    parent = os.getpid()
+    cpu_set = frozenset(cpus) if cpus else None
+    sigterm = int(signal.SIGTERM)
+
+    def setup() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+        if cpu_set is not None:
+            os.sched_setaffinity(0, cpu_set)
+
+    return setup
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class VLLMServer:
+    """One vLLM OpenAI API server process: argv, environment, start, metrics, stop.
+
+    Args:
+        model: what ``--model`` gets: a local folder or a hub id.
+        served_name: ``--served-model-name``, the name clients put in requests.
+        config: engine args (become flags) and server environment (overrides everything else).
+        backend: which interpreter or launch prefix runs vLLM.
+        log_path: the server's stdout and stderr are appended here (parents created).
+        load_format: ``--load-format`` (``dummy`` for random weights), or ``None`` for vLLM's default.
+        server_cpus: cores to pin the server to (also its OpenMP binding); ``None``: no pinning,
+            the server inherits the caller's affinity (so a daemon that pinned itself to a
+            reserved core must pass the server's cores).
+        host: interface the server binds; clients on this node use :attr:`base_url`.
+        access_log: keep uvicorn's one-line-per-request access log (off by default: under load it
+            costs CPU next to the measurement and grows the log).
+
+    The port is chosen when the object is made, so :attr:`argv` is complete before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        served_name: str,
+        config: EngineConfig,
+        backend: BackendSpec,
+        log_path: Path,
+        load_format: str | None,
+        server_cpus: list[int] | None,
+        host: str = "127.0.0.1",
+        access_log: bool = False,
+    ) -> None:
+        self.model = model
+        self.served_name = served_name
+        self.config = config
+        self.backend = backend
+        self.log_path = Path(log_path)
+        self.load_format = load_format
+        self.host = host
+        self.access_log = access_log
+        self.server_cpus = self._check_cpus(server_cpus)
+        self.port = free_port(host)
+        self._argv = self._build_argv()
+        self._env_overrides = self._build_env_overrides()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._log_offset = 0
+        self._started_at: float | None = None
+        self._startup_s: float | None = None
+        self._kv_cache_tokens: int | None = None
+        self._max_concurrency: float | None = None
+        self._exit_code: int | None = None
+        self._stop_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def _check_cpus(cpus: list[int] | None) -> list[int] | None:
+        if cpus is None:
+            return None
+        ordered = sorted(set(cpus))
+        count = os.cpu_count() or 1
+        bad = [c for c in ordered if not 0 <= c < count]
+        if not ordered or bad:
+            raise ValueError(f"server_cpus must be a non-empty list of cores in 0..{count - 1}, got {cpus!r}")
+        return ordered
+
+    def _build_argv(self) -> list[str]:
+        if self.backend.launch:
+            argv = list(self.backend.launch)
+        else:
+            argv = [self.backend.python or sys.executable, "-m", API_SERVER_MODULE]
+        argv += ["--model", self.model, "--served-model-name", self.served_name]
+        argv += ["--host", self.host, "--port", str(self.port)]
+        if self.load_format is not None:
+            argv += ["--load-format", self.load_format]
+        if not self.access_log:
+            argv.append("--disable-uvicorn-access-log")
+        argv += self.config.args.cli_args()
+        return argv
+
+    def _build_env_overrides(self) -> dict[str, str]:
+        ours: dict[str, str] = {}
+        cpu = is_cpu_node()
+        if cpu:
+            # Without it some entry points pick AVX-512 kernels and die with SIGILL on AVX2 CPUs.
+            ours["VLLM_TARGET_DEVICE"] = "cpu"
+        ours["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache
+        if self.server_cpus:
+            ranks = self.config.args.tensor_parallel_size or 1
+            ours["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind_value(self.server_cpus, ranks)
+        if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and "VLLM_CPU_KVCACHE_SPACE" not in self.config.env:
+            # Unset, recent vLLM takes up to half the RAM per server.
+            ours["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        if "PYTHONUNBUFFERED" not in os.environ:
+            ours["PYTHONUNBUFFERED"] = "1"  # the log tail must hold the last words of a crash
+        ours.update(self.config.env)
+        return ours
+
+    @property
+    def argv(self) -> list[str]:
+        """The server's command line (a copy)."""
+        return list(self._argv)
+
+    @property
+    def env_overrides(self) -> dict[str, str]:
+        """The environment variables this object sets on top of ``os.environ`` (config env included)."""
+        return dict(self._env_overrides)
+
+    def environment(self) -> dict[str, str]:
+        """The server's whole environment: ``os.environ``, then our settings, then the config's env."""
+        env = dict(os.environ)
+        env.update(self._env_overrides)
+        return env
+
+    @property
+    def base_url(self) -> str:
+        host = _client_host(self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        return self._pgid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the server process has exited (negative: killed by a signal)."""
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is not None:
+            self._exit_code = code
+        return code
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def info(self) -> ServerInfo:
+        """What a result records about this server."""
+        return ServerInfo(
+            argv=self.argv,
+            pid=self.pid,
+            pgid=self._pgid,
+            port=self.port,
+            startup_s=self._startup_s,
+            kv_cache_tokens=self._kv_cache_tokens,
+            reported_max_concurrency=self._max_concurrency,
+            log_path=str(self.log_path),
+            exit_code=self.returncode if self._exit_code is None else self._exit_code,
+            cpus=list(self.server_cpus or []),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def spawn(self) -> None:
+        """Start the process and return at once (see :meth:`start` to also wait until ready)."""
+        if self._proc is not None:
+            raise RuntimeError("this VLLMServer was already started; make a new one")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            header = f"=== servetune {stamp}: starting vLLM server: {' '.join(self._argv)}\n"
+            header += f"=== env overrides: {json.dumps(self._env_overrides, sort_keys=True)}\n"
+            logf.write(header.encode("utf-8", "replace"))
+            logf.flush()
+            self._log_offset = logf.tell()
+            log.info("starting vLLM server on port %d (log %s): %s", self.port, self.log_path, " ".join(self._argv))
+            self._started_at = time.monotonic()
+            try:
+                self._proc = subprocess.Popen(
+                    self._argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=self.environment(),
+                    start_new_session=True,
+                    preexec_fn=_child_setup(self.server_cpus),
+                    close_fds=True,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                reason = f"cannot execute {self._argv[0]!r}: {exc}"
+                logf.write(f"=== servetune: {reason}\n".encode("utf-8", "replace"))
+                raise ServerStartError(reason, exit_code=None, log_tail="", log_path=str(self.log_path)) from exc
+        # start_new_session makes the child the leader of a new process group: pgid == pid.
+        self._pgid = self._proc.pid
+
+    def start(self, timeout_s: float) -> ServerInfo:
+        """Start the server and wait until ``GET /health`` answers 200.
+
+        Returns:
+            The :class:`~servetune.result.ServerInfo`, with the start-up time and the KV-cache
+            capacity vLLM reported.
+
+        Raises:
+            ServerStartError: the server exited, or was not ready within ``timeout_s`` (then its
+                process group has been killed). Either way no process of it is left.
+        """
+        self.spawn()
+        assert self._proc is not None and self._started_at is not None
+        try:
+            self._wait_ready(self._proc, self._started_at + timeout_s, timeout_s)
+        except ServerStartError:
+            raise
+        except BaseException:  # KeyboardInterrupt, a bug: never leave the server behind
+            self.stop(timeout_s=10)
+            raise
+        self._startup_s = time.monotonic() - self._started_at
+        self._kv_cache_tokens, self._max_concurrency = parse_kv_cache(self._read_log(_HEAD_READ_BYTES, from_end=False))
+        log.info(
+            "vLLM server pid %d ready on port %d after %.1f s (KV cache %s tokens, max concurrency %s)",
+            self._proc.pid,
+            self.port,
+            self._startup_s,
+            self._kv_cache_tokens,
+            self._max_concurrency,
+        )
+        return self.info()
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float, timeout_s: float) -> None:
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._fail(f"exited with code {code}", code)
+            if self._health(min(_HEALTH_REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                self._fail(f"not ready after {timeout_s:g} s", None)
+            time.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def _fail(self, what: str, exit_code: int | None) -> NoReturn:
+        """Kill what is left of the server, then raise :class:`ServerStartError`."""
+        self.stop(timeout_s=10)
+        if exit_code is None:
+            exit_code = self._exit_code
+        tail = self.log_tail(LOG_TAIL_LINES)
+        classified = classify_failure(self._read_log(_TAIL_READ_BYTES, from_end=True))
+        reason = f"{what}: {classified}" if classified else what
+        log.warning("vLLM server failed to start: %s (log %s)", reason, self.log_path)
+        raise ServerStartError(
+            reason, exit_code=exit_code, log_tail=tail, log_path=str(self.log_path), classified=classified
+        )
+
+    def stop(self, timeout_s: float = 20) -> int | None:
+        """End the server's whole process group: SIGTERM, wait up to ``timeout_s``, then SIGKILL.
+
+        Idempotent and safe from any thread. Returns the exit code (``None`` if never started).
+        """
+        with self._stop_lock:
+            proc, pgid = self._proc, self._pgid
+            if proc is None or pgid is None:
+                return None
+            if proc.poll() is not None and not process_group_alive(pgid):
+                self._exit_code = proc.returncode
+                return self._exit_code
+            log.info("stopping vLLM server pid %d (process group %d)", proc.pid, pgid)
+            self._signal_group(pgid, signal.SIGTERM)
+            if not self._wait_group_gone(proc, pgid, timeout_s):
+                log.warning("vLLM server group %d still alive %g s after SIGTERM; sending SIGKILL", pgid, timeout_s)
+                self._signal_group(pgid, signal.SIGKILL)
+                if not self._wait_group_gone(proc, pgid, 10.0):
+                    log.error("vLLM server process group %d survived SIGKILL for 10 s", pgid)
+            try:
+                self._exit_code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("vLLM server pid %d could not be reaped", proc.pid)
+            return self._exit_code
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            proc.poll()  # reap the leader, or its zombie keeps the group "alive"
+            if not process_group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ log
+
+    def _read_log(self, limit: int, *, from_end: bool) -> str:
+        """Up to ``limit`` bytes of this run's part of the log, from its start or its end."""
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(self._log_offset, size - limit) if from_end else self._log_offset
+                f.seek(start)
+                data = f.read(limit)
+        except OSError as exc:
+            log.warning("cannot read server log %s: %s", self.log_path, exc)
+            return ""
+        return data.decode("utf-8", "replace")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines this run wrote to the log."""
+        text = self._read_log(_TAIL_READ_BYTES, from_end=True)
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _request(self, method: str, path: str, timeout_s: float, body: bytes | None = None) -> tuple[int, bytes]:
+        """One HTTP request with a deadline. Raises :class:`ServerRequestError` on connection errors."""
+        conn = http.client.HTTPConnection(_client_host(self.host), self.port, timeout=max(0.05, timeout_s))
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerRequestError(f"{method} {self.base_url}{path} failed: {exc}") from exc
+        finally:
+            conn.close()
+
+    def _health(self, timeout_s: float) -> bool:
+        try:
+            status, _ = self._request("GET", "/health", timeout_s)
+        except ServerRequestError:
+            return False
+        return status == 200
+
+    def scrape_samples(self, timeout_s: float = 5) -> list[promtext.Sample]:
+        """Every sample of ``GET /metrics``. Raises :class:`ServerRequestError`."""
+        status, body = self._request("GET", "/metrics", timeout_s)
+        if status != 200:
+            raise ServerRequestError(f"GET {self.base_url}/metrics answered {status}")
+        return promtext.parse_samples(body.decode("utf-8", "replace"))
+
+    def scrape_metrics(self, timeout_s: float = 5) -> dict[str, float]:
+        """``GET /metrics`` as ``{metric: sum over label sets}``. Raises :class:`ServerRequestError`."""
+        return promtext.totals(self.scrape_samples(timeout_s))
+
+    def counters(self, timeout_s: float = 5) -> dict[str, float]:
+        """vLLM's cumulative counters, under the keys of :data:`COUNTER_METRICS` plus
+        ``request_success_ok`` (finish reasons stop, length, repetition). Subtract two readings for a
+        window's deltas. A counter this vLLM does not export is left out. Raises :class:`ServerRequestError`."""
+        samples = self.scrape_samples(timeout_s)
+        out: dict[str, float] = {}
+        for key, name in COUNTER_METRICS.items():
+            value = promtext.select(samples, name)
+            if value is not None:
+                out[key] = value
+        ok = promtext.select(samples, "vllm:request_success_total", {"finished_reason": OK_FINISH_REASONS})
+        if ok is not None:
+            out["request_success_ok"] = ok
+        return out
+
+    def gauges(self, timeout_s: float = 5) -> dict[str, float]:
+        """Current queue and KV-cache gauges (keys of :data:`GAUGE_METRICS`). Raises :class:`ServerRequestError`."""
+        samples = self.scrape_samples(timeout_s)
+        out: dict[str, float] = {}
+        for key, name in GAUGE_METRICS.items():
+            value = promtext.select(samples, name)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def wait_idle(self, timeout_s: float, poll_s: float = 0.2) -> bool:
+        """Wait until no request is running or waiting. False at the deadline or if the server died."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.is_alive():
+                return False
+            remaining = deadline - time.monotonic()
+            try:
+                gauges = self.gauges(timeout_s=max(0.1, min(5.0, remaining)))
+            except ServerRequestError as exc:
+                log.debug("metrics scrape failed while waiting for idle: %s", exc)
+            else:
+                if gauges.get("num_requests_running", 0.0) + gauges.get("num_requests_waiting", 0.0) == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def reset_prefix_cache(self, timeout_s: float = 10) -> bool:
+        """``POST /reset_prefix_cache``, retried until the deadline while vLLM answers
+        ``success: false`` (blocks still held by running requests). Logs a warning on failure."""
+        deadline = time.monotonic() + timeout_s
+        problem = "no attempt"
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                status, body = self._request("POST", "/reset_prefix_cache", max(0.1, min(5.0, remaining)))
+            except ServerRequestError as exc:
+                problem = str(exc)
+            else:
+                if status == 200:
+                    try:
+                        success = bool(json.loads(body or b"{}").get("success", True))
+                    except (ValueError, AttributeError):
+                        success = True  # older vLLM answers 200 with an empty body
+                    if success:
+                        return True
+                    problem = "vLLM answered success=false (blocks still in use)"
+                else:
+                    problem = f"HTTP {status}: {_clip(body.decode('utf-8', 'replace'), 200)}"
+                    if status == 404:
+                        break  # VLLM_SERVER_DEV_MODE is off: retrying will not help
+            if time.monotonic() >= deadline or not self.is_alive():
+                break
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        log.warning("could not reset the prefix cache of %s: %s", self.base_url, problem)
+        return False
+
+
+__all__ = [
+    "COUNTER_METRICS",
+    "GAUGE_METRICS",
+    "ServerRequestError",
+    "ServerStartError",
+    "VLLMServer",
+    "classify_failure",
+    "cpu_list_string",
+    "free_port",
+    "is_cpu_node",
+    "omp_bind_value",
+    "parse_kv_cache",
+    "process_group_alive",
+]
