@@ -300,6 +300,14 @@ class Store:
             os.unlink(tmp)
         return final
 
+    def update_metrics(self, trial_id: str, attempt: int, metrics: dict[str, Any]) -> None:
+        """Replace the *derived* metrics of a finished attempt (e.g. SLO attainment under new SLOs).
+        The attempt's result file, which holds what was measured, is never touched."""
+        self._conn.execute(
+            "UPDATE attempts SET metrics_json=? WHERE trial_id=? AND attempt=? AND status='ok'",
+            (json.dumps(metrics), trial_id, attempt),
+        )
+
     def close_abandoned(self, reason: str) -> list[tuple[str, int]]:
         """Close every ``running`` attempt as a transport failure (its coordinator is gone)."""
         rows = self._conn.execute("SELECT trial_id, attempt FROM attempts WHERE status='running'").fetchall()

@@ -11,6 +11,7 @@ Every attempt is a new record; nothing is overwritten.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -52,10 +53,10 @@ from servetune.messages import (
     State,
     Welcome,
 )
-from servetune.metrics import summarize
+from servetune.metrics import TrialMetrics, summarize
 from servetune.paths import experiment_dir
 from servetune.result import TrialOutcome
-from servetune.spec import ExperimentSpec
+from servetune.spec import ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,33 @@ def select_work(plan: Plan, store: Store, retry_failed: bool) -> tuple[list[Batc
     return work, skipped
 
 
+def _slo_key(slos: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    return sorted((str(s["metric"]), float(s["percentile"]), float(s["max_ms"])) for s in slos)
+
+
+def refresh_slo_metrics(store: Store, spec: ExperimentSpec) -> int:
+    """Recompute the derived metrics of ok attempts measured under other SLOs, from their raw
+    samples (kept in each attempt's result file, which is left as it is). Returns how many changed."""
+    wanted = _slo_key([s.model_dump() for s in spec.slos])
+    changed = 0
+    for att in store.latest_finished().values():
+        if att.status != "ok" or not att.metrics or not att.result_path:
+            continue
+        if _slo_key(att.metrics.get("slos") or []) == wanted:
+            continue
+        record = json.loads((store.folder / att.result_path).read_text(encoding="utf-8"))
+        outcome = TrialOutcome.model_validate(record["outcome"])
+        if not outcome.window_s or not outcome.samples:
+            continue
+        lp = LoadPoint.model_validate(record["manifest"]["load_point"])
+        fresh = summarize(outcome.samples, outcome.window_s, spec.slos, offered_rate=outcome.offered_rate,
+                          concurrency_capped=lp.max_concurrency is not None)
+        extras = {k: v for k, v in att.metrics.items() if k not in TrialMetrics.model_fields}
+        store.update_metrics(att.trial_id, att.attempt, {**fresh.model_dump(mode="json"), **extras})
+        changed += 1
+    return changed
+
+
 class SweepRunner:
     """One sweep of one experiment. Not reusable: make a new runner per sweep."""
 
@@ -125,7 +153,8 @@ class SweepRunner:
         self.spec = spec
         self.source_text = source_text
         self.opts = options
-        self.console = options.console or Console(stderr=True)
+        # Piped output (CI logs, tests) is never wrapped, so every message stays one greppable line.
+        self.console = options.console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
         self.plan = plan_grid(spec)
         self.spec_hash = spec.spec_hash()
         self.coordinator_id = f"coord-{uuid.uuid4().hex[:8]}"
@@ -169,6 +198,10 @@ class SweepRunner:
                 for line in changes:
                     self.console.print(f"  {line}")
         store.record_plan(self.spec_hash, self.spec.model_dump(mode="json"), self.source_text, self.plan)
+        refreshed = refresh_slo_metrics(store, self.spec)
+        if refreshed:
+            self.console.print(f"SLOs changed: recomputed SLO attainment and goodput of {refreshed} trial(s) "
+                               "from their raw samples")
         work, skipped = select_work(self.plan, store, self.opts.retry_failed)
         n_todo = sum(len(w.trials) for w in work)
         total = len(self.plan.trials())
@@ -369,7 +402,7 @@ class SweepRunner:
         metrics: dict[str, Any] | None = None
         if status == "ok":
             try:
-                metrics = self._metrics(outcome)
+                metrics = self._metrics(outcome, manifest.load_point)
             except ValueError as exc:
                 status, kind, error = "failed", "parse", f"cannot summarize the samples: {exc}"
         elif kind is None:
@@ -419,10 +452,11 @@ class SweepRunner:
             "hardware_class": fp.hardware_class if fp else None,
         }
 
-    def _metrics(self, outcome: TrialOutcome) -> dict[str, Any]:
+    def _metrics(self, outcome: TrialOutcome, lp: LoadPoint) -> dict[str, Any]:
         if not outcome.window_s or not outcome.samples:
             raise ValueError("an ok outcome must carry samples and a positive measurement window")
-        m = summarize(outcome.samples, outcome.window_s, self.spec.slos, offered_rate=outcome.offered_rate)
+        m = summarize(outcome.samples, outcome.window_s, self.spec.slos, offered_rate=outcome.offered_rate,
+                      concurrency_capped=lp.max_concurrency is not None)
         return {**m.model_dump(mode="json"), **self._extras(outcome)}
 
     # ------------------------------------------------------------------ endings

@@ -112,8 +112,16 @@ def summarize(
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
     offered_rate: float | None = None,
     lag_tolerance_ms: float = 10.0,
+    concurrency_capped: bool = False,
 ) -> TrialMetrics:
-    """Aggregate raw samples of one trial into :class:`TrialMetrics`."""
+    """Aggregate raw samples of one trial into :class:`TrialMetrics`.
+
+    The client self-check flags ``client_fell_behind`` when its p99 scheduling lag (send minus the
+    time the arrival process, or a freed concurrency slot, allowed the send) exceeds
+    ``lag_tolerance_ms``, or when the achieved arrival rate is under 95% of the offered one. With
+    ``concurrency_capped`` (a rate plus a concurrency cap) a low achieved rate means the server
+    is saturated, not that the client fell behind, so only the lag counts.
+    """
     if window_s <= 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
     measured = [s for s in samples if not s.warmup]
@@ -145,7 +153,13 @@ def summarize(
     lag_p99 = _finite(quantile(lags, 0.99)) if lags else None
     fell_behind = bool(
         (lag_p99 is not None and lag_p99 > lag_tolerance_ms)
-        or (offered_rate is not None and achieved is not None and achieved < 0.95 * offered_rate and len(sends) >= 20)
+        or (
+            not concurrency_capped
+            and offered_rate is not None
+            and achieved is not None
+            and achieved < 0.95 * offered_rate
+            and len(sends) >= 20
+        )
     )
     return TrialMetrics(
         quantiles=list(quantiles),

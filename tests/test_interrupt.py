@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.store import Store
-from tests.conftest import cli_env, coordinator_cmd, group_alive, recorded_server_groups, wait_groups_gone
+from tests.conftest import cli_env, coordinator_cmd, recorded_server_groups, wait_groups_gone
 
 pytestmark = pytest.mark.vllm
 
@@ -131,4 +131,4 @@ def test_interrupted_sweeps_resume_without_loss(tmp_path: Path, tiny_cache: Path
     assert history[lost[0].trial_id] == [(1, "failed", "transport"), (2, "failed", "transport"), (3, "ok", None)]
     assert (folder / ok[0].result_path).read_bytes() == kept
     groups = recorded_server_groups(folder)
-    assert len(groups) == 4 and not any(group_alive(g) for g in groups)
+    assert len(groups) == 4 and wait_groups_gone(groups, 30) == []

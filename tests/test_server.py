@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -416,24 +415,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate(tmp_path_factory.mktemp("models") / "tiny")
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    server = VLLMServer(
-        model=str(tiny_model),
-        served_name="tiny",
-        config=EngineConfig(args=EngineArgs(max_model_len=512, max_num_seqs=4)),
-        backend=BackendSpec(),
-        log_path=tmp_path_factory.mktemp("logs") / "vllm.log",
-        load_format="dummy",
-        server_cpus=[0],
-    )
-    try:
-        server.start(timeout_s=300)
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.timeout(120)
@@ -550,21 +531,5 @@ def test_vllm_reset_prefix_cache_and_idle(vllm_server: VLLMServer) -> None:
     metrics = vllm_server.scrape_metrics()
     assert "vllm:kv_cache_usage_perc" in metrics
 
-
-@pytest.mark.vllm
-@needs_vllm
-@pytest.mark.timeout(120)
-def test_vllm_stop_ends_every_process(vllm_server: VLLMServer) -> None:
-    """Last in the module: stops the shared server and proves nothing of it is left."""
-    pgid = vllm_server.pgid
-    assert pgid is not None and process_group_alive(pgid)
-    members = _group_members(pgid)
-    started = time.monotonic()
-    code = vllm_server.stop(timeout_s=30)
-    print(f"vLLM stopped in {time.monotonic() - started:.1f} s with exit code {code}")
-    assert not process_group_alive(pgid)
-    for pid in members:
-        assert not _running(pid), pid
-    assert not vllm_server.is_alive()
-    assert vllm_server.info().exit_code == code
-    assert vllm_server.stop() == code  # idempotent
+# Stopping the shared server, and proving nothing of it is left, is the teardown of the
+# session fixture ``vllm_server`` in tests/conftest.py.

@@ -1,0 +1,5 @@
+"""``python -m daemon``: same as the ``daemon`` console script."""
+
+from daemon.cli import main
+
+raise SystemExit(main())

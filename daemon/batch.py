@@ -1,0 +1,214 @@
+"""Run one granted batch: start vLLM for its engine config, drive each load point, report results.
+
+One server serves every trial of the batch. Between load points the runner waits until vLLM
+reports no running or waiting request and resets the prefix cache, so one measurement does not
+leak into the next. A server that will not start, dies, or runs past the trial budget yields a
+``measurement`` failure carrying its exit code and log tail; the batch goes on where it can.
+When the daemon is told to stop mid-trial, that trial is abandoned and nothing is submitted for
+it (the coordinator records the attempt as a transport failure and a resumed sweep re-runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from daemon.loadgen import run_load_point
+from daemon.models import ModelResolutionError, resolve_model
+from daemon.server import ServerRequestError, ServerStartError, VLLMServer
+from servetune.messages import Grant, GrantedTrial, Phase, Result, State
+from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[object], None]
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass
+class BatchContext:
+    workdir: Path
+    fingerprint: Fingerprint
+    server_cpus: list[int] | None
+    vllm_python: str | None = None
+
+
+class BatchRunner:
+    """Runs grants one at a time. ``emit`` queues a message for the daemon's socket thread."""
+
+    def __init__(self, ctx: BatchContext, emit: Emit, stop: threading.Event):
+        self.ctx = ctx
+        self.emit = emit
+        self.stop = stop
+        self._server: VLLMServer | None = None
+        self._lock = threading.Lock()
+
+    def abort(self) -> None:
+        """Kill the running server now (called from the daemon's main thread when stopping), so a
+        server start or a load point in progress ends at once instead of at its deadline."""
+        with self._lock:
+            server = self._server
+        if server is not None:
+            server.stop()
+
+    def _state(self, grant: Grant, trial: GrantedTrial | None, phase: Phase, detail: str = "") -> None:
+        self.emit(
+            State(batch_id=grant.batch_id, trial_id=trial.trial_id if trial else None,
+                  epoch=trial.attempt if trial else grant.epoch, phase=phase, detail=detail)
+        )
+
+    def _result(self, grant: Grant, trial: GrantedTrial, outcome: TrialOutcome) -> None:
+        self.emit(
+            Result(batch_id=grant.batch_id, trial_id=trial.trial_id, epoch=trial.attempt,
+                   submission_id=uuid.uuid4().hex, outcome=outcome)
+        )
+
+    def _fail_all(self, grant: Grant, trials: list[GrantedTrial], started_us: int, error: str,
+                  server: ServerInfo | None, exit_code: int | None, log_tail: str | None) -> None:
+        for trial in trials:
+            self._result(grant, trial, TrialOutcome(
+                status="failed", failure_kind="measurement", error=error, exit_code=exit_code, log_tail=log_tail,
+                server=server, fingerprint=self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
+            ))
+
+    def run(self, grant: Grant) -> None:
+        started = now_us()
+        backend = grant.backend
+        if self.ctx.vllm_python and not backend.python and not backend.launch:
+            backend = backend.model_copy(update={"python": self.ctx.vllm_python})
+        try:
+            model = resolve_model(grant.model)
+        except ModelResolutionError as exc:
+            self._fail_all(grant, grant.trials, started, str(exc), None, None, None)
+            return
+        logs = self.ctx.workdir / "logs"
+        server = VLLMServer(
+            model=model.model_arg,
+            served_name=grant.model.served_name,
+            config=grant.config,
+            backend=backend,
+            log_path=logs / f"server-{grant.batch_id}-epoch{grant.epoch}-{uuid.uuid4().hex[:6]}.log",
+            load_format=model.load_format,
+            server_cpus=self.ctx.server_cpus,
+        )
+        with self._lock:
+            self._server = server
+        if self.stop.is_set():
+            return
+        self._state(grant, None, "server_starting", grant.config.label())
+        try:
+            try:
+                info = server.start(timeout_s=grant.budgets.server_start_timeout_s)
+            except ServerStartError as exc:
+                self._record_server(server)
+                self._state(grant, None, "server_failed", exc.reason)
+                if not self.stop.is_set():
+                    self._fail_all(grant, grant.trials, started, f"server would not start: {exc.reason}",
+                                   server.info(), exc.exit_code, exc.log_tail)
+                return
+            self._record_server(server)
+            self._state(grant, None, "server_ready", f"{info.startup_s or 0:.0f} s, KV cache {info.kv_cache_tokens} tokens")
+            for i, trial in enumerate(grant.trials):
+                if self.stop.is_set():
+                    return
+                if not server.is_alive():
+                    code = server.returncode
+                    self._fail_all(grant, grant.trials[i:], now_us(), f"server died (exit code {code})",
+                                   server.info(), code, server.log_tail())
+                    return
+                self._run_trial(grant, trial, server, vocab_size=model.vocab_size)
+        finally:
+            server.stop()
+            self._record_server(server, stopped=True)
+            with self._lock:
+                self._server = None
+
+    def _run_trial(self, grant: Grant, trial: GrantedTrial, server: VLLMServer, vocab_size: int) -> None:
+        lp = trial.manifest.load_point
+        started = now_us()
+        before: dict[str, float] = {}
+
+        def on_measure_start() -> None:
+            before.update(self._counters(server))
+            self._state(grant, trial, "measuring", lp.name)
+
+        self._state(grant, trial, "warmup" if lp.warmup_requests else "measuring", lp.name)
+        deadline = grant.budgets.trial_timeout_s
+        samples: list[RequestSample]
+        try:
+            warm, result = run_load_point(
+                server.base_url, grant.model.served_name, vocab_size, lp, deadline, stop=self.stop,
+                on_measure_start=on_measure_start,
+            )
+        except Exception as exc:  # the load generator failing is a measurement failure, never a daemon crash
+            log.exception("load generator failed on trial %s", trial.trial_id[:12])
+            self._result(grant, trial, TrialOutcome(
+                status="failed", failure_kind="measurement", error=f"load generator error: {exc!r}",
+                server=server.info(), fingerprint=self.ctx.fingerprint, started_at_us=started, finished_at_us=now_us(),
+            ))
+            return
+        if self.stop.is_set():
+            log.info("trial %s abandoned: the daemon is stopping", trial.trial_id[:12])
+            return
+        samples = list(warm) + list(result.samples)
+        self._state(grant, trial, "draining", lp.name)
+        idle = server.wait_idle(grant.budgets.drain_timeout_s) if server.is_alive() else False
+        after = self._counters(server) if server.is_alive() else {}
+        deltas = {k: after[k] - before[k] for k in after if k in before}
+        alive = server.is_alive()
+        status = "ok"
+        error = None
+        if not alive:
+            status, error = "failed", f"server died under load (exit code {server.returncode})"
+        elif result.stopped_early and "deadline" in result.stopped_early:
+            status, error = "failed", f"timed out under load: {result.stopped_early} ({deadline:.0f} s budget)"
+        elif not idle:
+            log.warning("server did not drain within %.0f s after %s", grant.budgets.drain_timeout_s, lp.name)
+        if alive and not server.reset_prefix_cache(timeout_s=30.0):
+            log.warning("could not reset the prefix cache after %s", lp.name)
+        self._result(grant, trial, TrialOutcome(
+            status=status,  # type: ignore[arg-type]
+            failure_kind="measurement" if status == "failed" else None,
+            error=error,
+            exit_code=server.returncode if not alive else None,
+            log_tail=server.log_tail() if status == "failed" else None,
+            samples=samples,
+            window_s=result.window_s,
+            offered_rate=result.offered_rate,
+            stopped_early=result.stopped_early,
+            server=server.info(),
+            server_counters=deltas,
+            fingerprint=self.ctx.fingerprint,
+            started_at_us=started,
+            finished_at_us=now_us(),
+        ))
+        self._state(grant, trial, "done" if status == "ok" else "failed", lp.name)
+
+    @staticmethod
+    def _counters(server: VLLMServer) -> dict[str, float]:
+        try:
+            return server.counters()
+        except ServerRequestError as exc:
+            log.warning("cannot read vLLM counters: %s", exc)
+            return {}
+
+    def _record_server(self, server: VLLMServer, stopped: bool = False) -> None:
+        """Append the server's pid and process group to ``servers.jsonl``: the daemon's own record of
+        every vLLM it started, which teardown and the tests check against."""
+        info = server.info()
+        if info is None or info.pid is None:
+            return
+        self.ctx.workdir.mkdir(parents=True, exist_ok=True)
+        entry = {"pid": info.pid, "pgid": info.pgid, "port": info.port, "log": info.log_path,
+                 "event": "stopped" if stopped else "started", "exit_code": info.exit_code, "at_us": now_us()}
+        with open(self.ctx.workdir / "servers.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")

@@ -1,0 +1,733 @@
+"""The load generator: streams completions from the vLLM server next to it and times every chunk.
+
+One :class:`LoadGenerator` talks to one OpenAI-compatible server (``POST {base_url}/v1/completions``
+with ``stream: true``). For a :class:`~servetune.spec.LoadPoint` it sends random token-id prompts of
+exactly ``input_len`` tokens and asks for exactly ``output_len`` tokens (``ignore_eos``,
+``min_tokens``), and records one :class:`~servetune.result.RequestSample` per request. A single
+request never raises: whatever went wrong is written in ``RequestSample.error``.
+
+Arrivals (measurement):
+
+- ``request_rate`` set: Poisson (seeded exponential gaps) or constant gaps per ``arrival``; the
+  first request goes at the start of the window, request *k* at the sum of the first *k* gaps, so
+  a client that fell behind catches up instead of drifting.
+- ``max_concurrency`` set: at most that many requests in flight. Alone it is a closed loop (one
+  worker per slot sends its next request as soon as its previous one ended); with a rate a request
+  waits for both its arrival and a free slot.
+- Sending stops at ``num_requests`` sent or ``duration_s`` elapsed, whichever comes first. After a
+  duration stop, requests still in flight get ``drain_timeout_s`` to finish and are then cancelled
+  with the error ``"cancelled at end of window"``.
+- The trial deadline and the daemon's stop event cancel every outstanding request at once
+  (error ``"cancelled: <reason>"``) and :attr:`LoadResult.stopped_early` names the reason.
+
+Times are ``time.monotonic_ns()`` on this process. ``scheduled_ns`` is when the arrival process
+meant to send the request: its arrival time, or the moment its concurrency slot freed (the end of
+the request that held it) if that is later; ``send_ns - scheduled_ns`` is therefore the client's
+own lag, never the wait for a slot. ``token_ns`` holds the arrival of every streamed chunk that
+carries a choice (its text may be empty for a partial UTF-8 character), ``end_ns`` the arrival of
+``data: [DONE]``.
+
+Prompts are deterministic: ``random.Random(lp.seed)`` draws token ids uniformly from
+``[10, vocab_size)`` for the measurement (request *i* gets the *i*-th prompt); warm-up and
+arrivals use seeds derived from it, so warm-up prompts differ from the measured ones (and leave
+nothing useful in the prefix cache).
+
+Threading: a :class:`LoadGenerator` is used from one event loop at a time. :func:`run_load_point`
+is the synchronous entry point for the daemon: one fresh event loop (``asyncio.run``) on the
+calling thread, which must not already run a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from servetune.result import RequestSample
+from servetune.spec import LoadPoint
+
+log = logging.getLogger(__name__)
+
+#: Smallest token id in a random prompt (skips the special tokens at the start of a vocabulary).
+MIN_TOKEN_ID = 10
+#: How often the daemon's ``threading.Event`` is polled (seconds).
+STOP_POLL_S = 0.05
+#: How long cancelled requests get to unwind their connections (seconds).
+CANCEL_GRACE_S = 5.0
+#: Longest error text kept on a sample.
+ERROR_CHARS = 300
+
+REASON_DEADLINE = "trial deadline reached"
+REASON_STOPPED = "stopped by daemon"
+ERROR_END_OF_WINDOW = "cancelled at end of window"
+
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def derived_seed(seed: int, label: str) -> int:
+    """A 64-bit seed derived from ``seed`` and ``label``, the same on every machine."""
+    digest = hashlib.sha256(f"servetune:{label}:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def prompt_stream(seed: int, vocab_size: int, input_len: int) -> Iterator[list[int]]:
+    """Endless prompts of ``input_len`` token ids drawn uniformly from ``[MIN_TOKEN_ID, vocab_size)``."""
+    if vocab_size <= MIN_TOKEN_ID:
+        raise ValueError(f"vocab_size must exceed {MIN_TOKEN_ID}, got {vocab_size}")
+    rng = random.Random(seed)
+    population = range(MIN_TOKEN_ID, vocab_size)
+    while True:
+        yield rng.choices(population, k=input_len)
+
+
+def load_point_prompts(lp: LoadPoint, vocab_size: int, *, warmup: bool = False) -> Iterator[list[int]]:
+    """The prompts a load point sends, in order: seeded by ``lp.seed`` (warm-up: a derived seed)."""
+    seed = derived_seed(lp.seed, "warmup") if warmup else lp.seed
+    return prompt_stream(seed, vocab_size, lp.input_len)
+
+
+def arrival_gaps(lp: LoadPoint) -> Iterator[float]:
+    """Endless seconds between consecutive sends of a load point with a ``request_rate``."""
+    rate = lp.request_rate
+    if rate is None:
+        raise ValueError(f"load point {lp.name!r} has no request_rate")
+    if lp.arrival == "constant":
+        while True:
+            yield 1.0 / rate
+    rng = random.Random(derived_seed(lp.seed, "arrivals"))
+    while True:
+        yield rng.expovariate(rate)
+
+
+class SSELines:
+    """Split a byte stream into the payloads of its Server-Sent-Events ``data:`` lines."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Payloads of the lines completed by ``data`` (other SSE fields and comments dropped)."""
+        buf = self._buf + data if self._buf else data
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[bytes] = []
+        for line in lines:
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip())
+        return out
+
+
+def _short(text: str, limit: int = ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _exc_text(exc: BaseException) -> str:
+    message = str(exc)
+    return _short(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+
+#: A vLLM token chunk (compact JSON) can be counted without parsing it; anything else is parsed.
+_TOKEN_MARK = b'"choices":[{'
+_PARSE_MARKS = (b'"usage":{', b'"error"')
+
+
+@dataclass(eq=False)
+class _Record:
+    """A request while it is in flight; becomes a :class:`RequestSample`."""
+
+    index: int
+    warmup: bool
+    scheduled_ns: int
+    send_ns: int | None = None
+    first_token_ns: int | None = None
+    token_ns: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    error: str | None = None
+    done: bool = False
+
+    def on_payload(self, payload: bytes, now_ns: int) -> None:
+        """Account one ``data:`` payload that arrived at ``now_ns``.
+
+        A chunk with a non-empty ``choices`` list counts as a token arrival (its text may be empty);
+        ``usage`` gives the token counts; an ``error`` object marks the request failed.
+        """
+        if self.done:
+            return
+        # Fast path: inside JSON strings quotes are escaped, so these marks only match real keys.
+        if _TOKEN_MARK in payload and not any(mark in payload for mark in _PARSE_MARKS):
+            self._token(now_ns)
+            return
+        if payload == b"[DONE]":
+            self.done = True
+            self.end_ns = now_ns
+            return
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            if self.error is None:
+                self.error = _short(f"BadChunk: {payload.decode('utf-8', 'replace')}")
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj or obj.get("object") == "error":
+            err = obj.get("error", obj)
+            message = err.get("message", err) if isinstance(err, dict) else err
+            if self.error is None:
+                self.error = _short(f"StreamError: {message}")
+            return
+        if obj.get("choices"):
+            self._token(now_ns)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            self.output_tokens = usage.get("completion_tokens", self.output_tokens)
+
+    def _token(self, now_ns: int) -> None:
+        if self.first_token_ns is None:
+            self.first_token_ns = now_ns
+        self.token_ns.append(now_ns)
+
+    def sample(self) -> RequestSample:
+        now = time.monotonic_ns()
+        send = self.send_ns if self.send_ns is not None else now
+        return RequestSample(
+            index=self.index,
+            warmup=self.warmup,
+            scheduled_ns=self.scheduled_ns,
+            send_ns=send,
+            first_token_ns=self.first_token_ns,
+            end_ns=self.end_ns if self.end_ns is not None else max(send, now),
+            token_ns=self.token_ns,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            error=self.error,
+        )
+
+
+# --------------------------------------------------------------------------- one request
+
+
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, body: bytes, rec: _Record, timeout_s: float
+) -> None:
+    """POST ``body`` to ``url`` and stream the response into ``rec``.
+
+    Never raises but :class:`asyncio.CancelledError`: failures end up in ``rec.error``.
+    """
+    rec.send_ns = time.monotonic_ns()
+    try:
+        async with session.post(url, data=body, headers=_HEADERS) as resp:
+            if resp.status != 200:
+                raw = await resp.content.read(2048)
+                rec.end_ns = time.monotonic_ns()
+                rec.error = _short(f"HTTP {resp.status}: {raw.decode('utf-8', 'replace')}")
+                return
+            lines = SSELines()
+            async for data in resp.content.iter_any():
+                now = time.monotonic_ns()
+                if rec.done:
+                    continue  # read to the end so that the connection goes back to the pool
+                for payload in lines.feed(data):
+                    rec.on_payload(payload, now)
+        if not rec.done:
+            rec.end_ns = time.monotonic_ns()
+            if rec.error is None:
+                rec.error = "IncompleteStream: the stream ended without data: [DONE]"
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError as exc:  # aiohttp's total, connect and read timeouts
+        rec.error = _exc_text(exc) if str(exc) else f"TimeoutError: request took over {timeout_s:g} s"
+    except Exception as exc:  # one request must never take the load point down
+        rec.error = _exc_text(exc)
+    finally:
+        if rec.end_ns is None:
+            rec.end_ns = time.monotonic_ns()
+
+
+# --------------------------------------------------------------------------- event-loop helpers
+
+
+class _Abort:
+    """The first reason to stop everything now (trial deadline or the daemon's stop event)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.reason: str | None = None
+
+    def trigger(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.info("load generator: %s, cancelling outstanding requests", reason)
+        self.event.set()
+
+    async def sleep_until(self, t_ns: int) -> bool:
+        """Sleep until monotonic ``t_ns``; True when aborted first."""
+        timeout = (t_ns - time.monotonic_ns()) / 1e9
+        if self.event.is_set() or timeout <= 0:
+            return self.event.is_set()
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+class _Slots:
+    """A concurrency cap for one acquirer (the open-loop sender) that knows when each slot freed."""
+
+    def __init__(self, n: int, start_ns: int) -> None:
+        self._free: deque[int] = deque([start_ns] * n)
+        self._changed = asyncio.Event()
+
+    def release(self, freed_ns: int) -> None:
+        self._free.append(freed_ns)
+        self._changed.set()
+
+    async def acquire(self, until_ns: int | None, abort: _Abort) -> int | None:
+        """When the acquired slot was freed; None when ``until_ns`` passed or aborted first."""
+        while not self._free:
+            timeout = None if until_ns is None else (until_ns - time.monotonic_ns()) / 1e9
+            if abort.event.is_set() or (timeout is not None and timeout <= 0):
+                return None
+            self._changed.clear()
+            waiters = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(abort.event.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+        return None if abort.event.is_set() else self._free.popleft()
+
+
+class _Bodies:
+    """Request bodies in prompt order, the next one prepared ahead so a send never waits for it."""
+
+    def __init__(self, prompts: Iterator[list[int]], make: Callable[[list[int]], bytes]) -> None:
+        self._prompts = prompts
+        self._make = make
+        self._next: bytes | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def take(self) -> bytes:
+        body = self._next if self._next is not None else self._make(next(self._prompts))
+        self._next = None
+        self._loop.call_soon(self._prepare)  # after the caller's send went out
+        return body
+
+    def _prepare(self) -> None:
+        if self._next is None:
+            self._next = self._make(next(self._prompts))
+
+
+async def _watch_stop(stop: threading.Event, abort: _Abort) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(STOP_POLL_S)
+    abort.trigger(REASON_STOPPED)
+
+
+class _Run:
+    """One warm-up or measurement: arrivals, requests in flight, deadline and stop, drain.
+
+    Closed loop (no rate): one worker task per concurrency slot sends its next request as soon as
+    its previous one ended. Open loop (a rate): one sender task follows the arrival schedule and
+    spawns a task per request, waiting for a free slot first when a cap is set.
+    """
+
+    def __init__(
+        self,
+        gen: LoadGenerator,
+        session: aiohttp.ClientSession,
+        lp: LoadPoint,
+        *,
+        warmup: bool,
+        deadline_ns: int | None,
+        stop: threading.Event | None,
+    ) -> None:
+        self.gen = gen
+        self.session = session
+        self.lp = lp
+        self.warmup = warmup
+        self.deadline_ns = deadline_ns
+        self.stop = stop
+        self.abort = _Abort()
+        self.start_ns = time.monotonic_ns()
+        self.records: list[_Record] = []
+        self.inflight: set[_Record] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        if warmup:
+            self.limit: int | None = lp.warmup_requests
+            self.concurrency: int | None = lp.max_concurrency or 1
+            self.gaps: Iterator[float] | None = None
+            self.send_until_ns: int | None = None
+        else:
+            self.limit = lp.num_requests
+            self.concurrency = lp.max_concurrency
+            self.gaps = arrival_gaps(lp) if lp.request_rate is not None else None
+            self.send_until_ns = None if lp.duration_s is None else self.start_ns + int(lp.duration_s * 1e9)
+        prompts = load_point_prompts(lp, gen.vocab_size, warmup=warmup)
+        self.bodies = _Bodies(prompts, lambda prompt: gen.body(prompt, lp.output_len))
+
+    async def execute(self) -> None:
+        loop = asyncio.get_running_loop()
+        watcher: asyncio.Task[None] | None = None
+        deadline_handle: asyncio.TimerHandle | None = None
+        if self.stop is not None:
+            if self.stop.is_set():
+                self.abort.trigger(REASON_STOPPED)
+            watcher = asyncio.ensure_future(_watch_stop(self.stop, self.abort))
+        if self.deadline_ns is not None:
+            remaining = (self.deadline_ns - time.monotonic_ns()) / 1e9
+            if remaining <= 0:
+                self.abort.trigger(REASON_DEADLINE)
+            else:
+                deadline_handle = loop.call_later(remaining, self.abort.trigger, REASON_DEADLINE)
+        try:
+            if self.abort.reason is None:
+                if self.gaps is None:
+                    assert self.concurrency is not None  # LoadPoint guarantees a rate or a cap
+                    for _ in range(self.concurrency):
+                        self._spawn(self._worker())
+                else:
+                    self._spawn(self._open_loop())
+                await self._wait(self.send_until_ns)
+                if self.abort.reason is None and self._pending():
+                    if self.limit is None or len(self.records) < self.limit:  # the window ended sending
+                        assert self.send_until_ns is not None
+                        await self._wait(self.send_until_ns + int(self.gen.drain_timeout_s * 1e9))
+                        if self.abort.reason is None and self._pending():
+                            n = await self._cancel(ERROR_END_OF_WINDOW)
+                            log.info("load point %s: %d requests cancelled at end of window", self.lp.name, n)
+                    else:
+                        await self._wait(None)
+            if self.abort.reason is not None:
+                await self._cancel(f"cancelled: {self.abort.reason}")
+            for task in self.tasks:  # requests never raise: an exception here is a bug, say so
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"load generator task failed: {task.exception()!r}") from task.exception()
+        finally:
+            self.closed = True
+            if deadline_handle is not None:
+                deadline_handle.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            await self._cancel("cancelled: load generator interrupted")  # a no-op unless interrupted
+
+    def _may_send(self) -> bool:
+        if self.closed or self.abort.reason is not None:
+            return False
+        if self.limit is not None and len(self.records) >= self.limit:
+            return False
+        return self.send_until_ns is None or time.monotonic_ns() < self.send_until_ns
+
+    def _new_record(self, scheduled_ns: int) -> tuple[_Record, bytes]:
+        body = self.bodies.take()
+        rec = _Record(index=len(self.records), warmup=self.warmup, scheduled_ns=scheduled_ns)
+        self.records.append(rec)
+        self.inflight.add(rec)
+        return rec, body
+
+    async def _request(self, rec: _Record, body: bytes) -> None:
+        await stream_completion(self.session, self.gen.url, body, rec, self.gen.request_timeout_s)
+        self.inflight.discard(rec)  # not reached when cancelled: _cancel marks what is left
+
+    async def _worker(self) -> None:
+        freed_ns = self.start_ns
+        while self._may_send():
+            rec, body = self._new_record(freed_ns)
+            await self._request(rec, body)
+            freed_ns = rec.end_ns if rec.end_ns is not None else time.monotonic_ns()
+
+    async def _open_loop(self) -> None:
+        assert self.gaps is not None
+        slots = _Slots(self.concurrency, self.start_ns) if self.concurrency is not None else None
+        arrival_ns = self.start_ns
+        while self._may_send():
+            if self.records:
+                arrival_ns += int(next(self.gaps) * 1e9)
+            if self.send_until_ns is not None and arrival_ns >= self.send_until_ns:
+                return
+            if await self.abort.sleep_until(arrival_ns):
+                return
+            scheduled_ns = arrival_ns
+            if slots is not None:
+                freed_ns = await slots.acquire(self.send_until_ns, self.abort)
+                if freed_ns is None:
+                    return
+                if not self._may_send():
+                    slots.release(freed_ns)
+                    return
+                scheduled_ns = max(arrival_ns, freed_ns)
+            rec, body = self._new_record(scheduled_ns)
+            self._spawn(self._request_in_slot(rec, body, slots))
+
+    async def _request_in_slot(self, rec: _Record, body: bytes, slots: _Slots | None) -> None:
+        try:
+            await self._request(rec, body)
+        finally:
+            if slots is not None:
+                slots.release(rec.end_ns if rec.end_ns is not None else time.monotonic_ns())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.tasks.add(asyncio.ensure_future(coro))
+
+    def _pending(self) -> set[asyncio.Task[None]]:
+        return {t for t in self.tasks if not t.done()}
+
+    async def _wait(self, until_ns: int | None) -> None:
+        """Until every task is done (tasks spawned meanwhile included), ``until_ns``, or the abort."""
+        while not self.abort.event.is_set():
+            pending = self._pending()
+            if not pending:
+                return
+            timeout = None if until_ns is None else (until_ns - time.monotonic_ns()) / 1e9
+            if timeout is not None and timeout <= 0:
+                return
+            aborted = asyncio.ensure_future(self.abort.event.wait())
+            try:
+                await asyncio.wait([*pending, aborted], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                aborted.cancel()
+
+    async def _cancel(self, error: str) -> int:
+        """Cancel every task; requests in flight get ``error`` and end now. Returns how many."""
+        self.closed = True
+        now = time.monotonic_ns()
+        victims = list(self.inflight)
+        for rec in victims:
+            rec.error = error
+            rec.end_ns = now
+        pending = self._pending()
+        for task in pending:
+            task.cancel()
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
+            if stuck:
+                log.warning("%d cancelled tasks did not unwind within %.0f s", len(stuck), CANCEL_GRACE_S)
+        for rec in victims:  # a request that swallowed its cancellation is still a cancelled one
+            rec.error = error
+            rec.end_ns = now
+        self.inflight.clear()
+        return len(victims)
+
+
+# --------------------------------------------------------------------------- the generator
+
+
+@dataclass
+class LoadResult:
+    """The measured part of one load point.
+
+    ``window_s`` runs from the first send to the last end of the measured requests (errors and
+    cancellations included) and is always positive (1 ns when nothing was sent).
+    ``stopped_early`` is ``"trial deadline reached"``, ``"stopped by daemon"`` or None.
+    ``offered_rate`` is the load point's ``request_rate`` (None for a closed loop).
+    """
+
+    samples: list[RequestSample]
+    window_s: float
+    window_start_ns: int
+    window_end_ns: int
+    stopped_early: str | None = None
+    offered_rate: float | None = None
+
+
+class LoadGenerator:
+    """A streaming completions client of one server, driven by load points.
+
+    Use it as ``async with LoadGenerator(...) as gen:`` to share one HTTP session (and its
+    keep-alive connections) between :meth:`warmup` and :meth:`measure`; outside such a block each
+    call opens and closes its own session. One event loop at a time.
+
+    Args:
+        base_url: the server root, e.g. ``http://127.0.0.1:8000`` (``/v1/completions`` is appended).
+        served_name: the ``model`` field of every request (vLLM's ``--served-model-name``).
+        vocab_size: prompts draw token ids from ``[10, vocab_size)``.
+        request_timeout_s: limit on one request, send to end of stream.
+        drain_timeout_s: after a ``duration_s`` window ends, how long requests in flight may still
+            finish before they are cancelled.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        served_name: str,
+        vocab_size: int,
+        request_timeout_s: float = 600.0,
+        *,
+        drain_timeout_s: float = 60.0,
+    ) -> None:
+        if vocab_size <= MIN_TOKEN_ID:
+            raise ValueError(f"vocab_size must exceed {MIN_TOKEN_ID}, got {vocab_size}")
+        if request_timeout_s <= 0 or drain_timeout_s < 0:
+            raise ValueError("request_timeout_s must be positive and drain_timeout_s not negative")
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.served_name = served_name
+        self.vocab_size = vocab_size
+        self.request_timeout_s = request_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> LoadGenerator:
+        if self._session is None:
+            self._session = self._new_session()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the shared session (idempotent)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        # limit=0: the load point's concurrency is the only cap; the pool must never queue requests.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=min(30.0, self.request_timeout_s))
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+
+    @asynccontextmanager
+    async def _session_scope(self) -> AsyncIterator[aiohttp.ClientSession]:
+        if self._session is not None:
+            yield self._session
+            return
+        session = self._new_session()
+        try:
+            yield session
+        finally:
+            await session.close()
+
+    def body(self, prompt: list[int], output_len: int) -> bytes:
+        """The JSON request body for one prompt: exactly ``output_len`` tokens, streamed, greedy."""
+        return json.dumps(
+            {
+                "model": self.served_name,
+                "prompt": prompt,
+                "max_tokens": output_len,
+                "min_tokens": output_len,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    async def warmup(
+        self, lp: LoadPoint, deadline_s: float | None = None, stop: threading.Event | None = None
+    ) -> list[RequestSample]:
+        """Send ``lp.warmup_requests`` requests (closed loop at ``lp.max_concurrency``, or one at a
+        time when only a rate is given) and wait for all of them. Samples have ``warmup=True``.
+
+        ``deadline_s`` (seconds from now) and ``stop`` cancel outstanding warm-up requests.
+        """
+        if lp.warmup_requests == 0:
+            return []
+        deadline_ns = None if deadline_s is None else time.monotonic_ns() + int(deadline_s * 1e9)
+        async with self._session_scope() as session:
+            run = _Run(self, session, lp, warmup=True, deadline_ns=deadline_ns, stop=stop)
+            await run.execute()
+        samples = [rec.sample() for rec in run.records]
+        n_err = sum(1 for s in samples if s.error is not None)
+        log.info("load point %s: warm-up of %d requests done, %d errors", lp.name, len(samples), n_err)
+        return samples
+
+    async def measure(self, lp: LoadPoint, deadline_s: float, stop: threading.Event | None = None) -> LoadResult:
+        """Run the measured part of ``lp`` and return its samples and window.
+
+        ``deadline_s`` (seconds from now) bounds everything: when it passes, outstanding requests
+        are cancelled and ``stopped_early`` is ``"trial deadline reached"``; ``stop`` being set does
+        the same with ``"stopped by daemon"``. Never raises for a failed request.
+        """
+        deadline_ns = time.monotonic_ns() + int(deadline_s * 1e9)
+        async with self._session_scope() as session:
+            run = _Run(self, session, lp, warmup=False, deadline_ns=deadline_ns, stop=stop)
+            await run.execute()
+        samples = [rec.sample() for rec in run.records]
+        if samples:
+            start = min(s.send_ns for s in samples)
+            end = max(max(s.end_ns for s in samples), start + 1)
+        else:
+            start = end = run.start_ns
+        result = LoadResult(
+            samples=samples,
+            window_s=max(end - start, 1) / 1e9,
+            window_start_ns=start,
+            window_end_ns=end,
+            stopped_early=run.abort.reason,
+            offered_rate=lp.request_rate,
+        )
+        n_err = sum(1 for s in samples if s.error is not None)
+        log.info(
+            "load point %s: %d requests, %d errors in %.3f s%s",
+            lp.name,
+            len(samples),
+            n_err,
+            result.window_s,
+            f" (stopped early: {run.abort.reason})" if run.abort.reason else "",
+        )
+        return result
+
+
+def run_load_point(
+    base_url: str,
+    served_name: str,
+    vocab_size: int,
+    lp: LoadPoint,
+    deadline_s: float,
+    stop: threading.Event | None = None,
+    on_measure_start: Callable[[], None] | None = None,
+    *,
+    request_timeout_s: float = 600.0,
+    drain_timeout_s: float = 60.0,
+) -> tuple[list[RequestSample], LoadResult]:
+    """Warm up, call ``on_measure_start()``, measure: one fresh event loop on the calling thread.
+
+    ``deadline_s`` (seconds from now) covers the warm-up and the measurement. ``on_measure_start``
+    runs on this thread between the two, while nothing is in flight (the daemon scrapes the
+    server's counters there); it is called even when the deadline or stop already ended the run,
+    in which case the measurement returns at once with no samples and ``stopped_early`` set.
+    Exceptions of ``on_measure_start`` propagate.
+
+    Returns:
+        the warm-up samples and the measurement.
+    """
+    deadline_ns = time.monotonic_ns() + int(deadline_s * 1e9)
+
+    def remaining_s() -> float:
+        return (deadline_ns - time.monotonic_ns()) / 1e9
+
+    async def main() -> tuple[list[RequestSample], LoadResult]:
+        gen = LoadGenerator(
+            base_url, served_name, vocab_size, request_timeout_s=request_timeout_s, drain_timeout_s=drain_timeout_s
+        )
+        async with gen:
+            warm = await gen.warmup(lp, deadline_s=remaining_s(), stop=stop)
+            if on_measure_start is not None:
+                on_measure_start()
+            result = await gen.measure(lp, remaining_s(), stop)
+        return warm, result
+
+    return asyncio.run(main())

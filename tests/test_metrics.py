@@ -1,0 +1,76 @@
+"""Metric math checked against hand-computed records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from servetune.metrics import quantile, summarize
+from servetune.result import RequestSample
+from servetune.spec import SLO
+
+MS = 1_000_000
+
+
+def req(i: int, send_ms: float, first_ms: float | None, end_ms: float, out: int | None, tokens_ms: list[float],
+        warmup: bool = False, error: str | None = None, lag_ms: float = 0.0) -> RequestSample:
+    return RequestSample(
+        index=i, warmup=warmup, scheduled_ns=int((send_ms - lag_ms) * MS), send_ns=int(send_ms * MS),
+        first_token_ns=int(first_ms * MS) if first_ms is not None else None, end_ns=int(end_ms * MS),
+        token_ns=[int(t * MS) for t in tokens_ms], prompt_tokens=10 if out else None, output_tokens=out, error=error,
+    )
+
+
+def test_quantile_matches_linear_interpolation() -> None:
+    assert quantile([1, 2, 3, 4], 0.5) == 2.5
+    assert quantile([10], 0.99) == 10
+    assert quantile([0, 10], 0.9) == pytest.approx(9.0)
+    assert math.isnan(quantile([], 0.5))
+
+
+def test_summary_by_hand() -> None:
+    samples = [
+        # warm-up: excluded everywhere
+        req(0, 0, 5, 50, 3, [5, 25, 50], warmup=True),
+        # TTFT 100, TPOT (400-100)/3 = 100, ITLs 100,100,100, E2EL 400
+        req(1, 1000, 1100, 1400, 4, [1100, 1200, 1300, 1400]),
+        # TTFT 300, TPOT (1500-1300)/1 = 200, ITL 200, E2EL 500
+        req(2, 1000, 1300, 1500, 2, [1300, 1500], lag_ms=2.0),
+        # error: counted, never meets an SLO, no latency
+        req(3, 1200, None, 1250, None, [], error="HTTP 500"),
+    ]
+    m = summarize(samples, window_s=2.0, slos=[SLO(metric="ttft_ms", percentile=50, max_ms=150)], quantiles=[0.5, 1.0])
+    assert (m.n_requests, m.n_completed, m.n_errors) == (3, 2, 1)
+    assert m.total_output_tokens == 6 and m.total_input_tokens == 20
+    assert m.request_throughput == pytest.approx(1.0)
+    assert m.output_throughput == pytest.approx(3.0)
+    assert m.total_token_throughput == pytest.approx(13.0)
+    assert m.ttft_ms == pytest.approx([200.0, 300.0])
+    assert m.tpot_ms == pytest.approx([150.0, 200.0])
+    assert m.itl_ms == pytest.approx([100.0, 200.0])
+    assert m.e2el_ms == pytest.approx([450.0, 500.0])
+    assert m.mean_itl_ms == pytest.approx(125.0)
+    # Only request 1 meets TTFT <= 150 ms: goodput 1 / 2 s, attainment 1 of 3 measured.
+    assert m.request_goodput == pytest.approx(0.5)
+    assert m.slo_attainment == pytest.approx(1 / 3)
+    assert m.slos[0].value_ms == pytest.approx(200.0) and m.slos_met is False
+    assert m.sched_lag_p99_ms == pytest.approx(1.96)
+
+
+def test_achieved_rate_and_client_fell_behind() -> None:
+    samples = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2, 1, [i * 100.0 + 1]) for i in range(30)]
+    m = summarize(samples, window_s=3.0, offered_rate=10.0)
+    assert m.achieved_rate == pytest.approx(10.0)
+    assert not m.client_fell_behind
+    slow = summarize(samples, window_s=3.0, offered_rate=20.0)
+    assert slow.client_fell_behind
+    # with a concurrency cap, a low achieved rate is the server saturating, not the client
+    assert not summarize(samples, window_s=3.0, offered_rate=20.0, concurrency_capped=True).client_fell_behind
+    lagging = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2, 1, [], lag_ms=50) for i in range(30)]
+    assert summarize(lagging, window_s=3.0).client_fell_behind
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="window_s"):
+        summarize([], window_s=0)

@@ -1,0 +1,87 @@
+"""The store keeps every attempt and never overwrites a measurement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.dataset import build_dataset, write_dataset
+from coordinator.store import Store, StoreError
+from coordinator.sweep import select_work
+from servetune.manifest import plan_grid
+from servetune.spec import parse_spec
+
+SPEC = """
+name: store-test
+engine: {grid: {max_num_seqs: [2, 4]}, fixed: {max_model_len: 256}}
+load_points:
+  - {name: a, request_rate: 1, num_requests: 2, input_len: 8, output_len: 8}
+"""
+
+
+def _setup(tmp_path: Path) -> tuple[Store, list[str]]:
+    spec = parse_spec(SPEC)
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "exp")
+    store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), SPEC, plan)
+    return store, [m.trial_id for m in plan.trials()]
+
+
+def test_attempts_are_kept_and_results_never_overwritten(tmp_path: Path) -> None:
+    store, (t0, t1) = _setup(tmp_path)
+    a1 = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    store.finish_attempt(t0, a1, status="failed", failure_kind="transport", error="lost", submission_id=None,
+                         record=None, metrics=None, hardware_class=None)
+    a2 = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    assert (a1, a2) == (1, 2)
+    path = store.finish_attempt(t0, a2, status="ok", failure_kind=None, error=None, submission_id="s",
+                                record={"x": 1}, metrics={"output_throughput": 5.0}, hardware_class="cpu-2c-AVX2")
+    assert path is not None and path.read_text()
+    with pytest.raises(StoreError, match="already finished"):
+        store.finish_attempt(t0, a2, status="failed", failure_kind="measurement", error="x", submission_id="s2",
+                             record={"x": 2}, metrics=None, hardware_class=None)
+    with pytest.raises(StoreError, match="refusing to overwrite"):
+        store._write_result_file(t0, a2, {"x": 3})
+    assert '"x": 1' in path.read_text()
+    assert [a.status for a in store.attempts(t0)] == ["failed", "ok"]
+
+
+def test_abandoned_attempts_become_transport_failures_and_are_rerun(tmp_path: Path) -> None:
+    store, (t0, t1) = _setup(tmp_path)
+    store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    a = store.begin_attempt(t1, daemon_id="d", batch_id="b", spec_hash="h")
+    store.finish_attempt(t1, a, status="failed", failure_kind="measurement", error="OOM", submission_id="s",
+                         record={"y": 1}, metrics={}, hardware_class=None)
+    closed = store.close_abandoned("coordinator died")
+    assert [c[0] for c in closed] == [t0]
+    plan = plan_grid(parse_spec(SPEC))
+    work, skipped = select_work(plan, store, retry_failed=False)
+    assert [t.trial_id for w in work for t in w.trials] == [t0]
+    assert skipped == {t1: "failed (measurement)"}
+    work, _ = select_work(plan, store, retry_failed=True)
+    assert sorted(t.trial_id for w in work for t in w.trials) == sorted([t0, t1])
+
+
+def test_dataset_rows_holes_and_atomic_write(tmp_path: Path) -> None:
+    store, (t0, t1) = _setup(tmp_path)
+    a = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    metrics = {"quantiles": [0.5, 0.9, 0.95, 0.99], "ttft_ms": [1.0, 2.0, 3.0, 4.0], "output_throughput": 7.5,
+               "client_fell_behind": False}
+    store.finish_attempt(t0, a, status="ok", failure_kind=None, error=None, submission_id="s", record={"m": 1},
+                         metrics=metrics, hardware_class="cpu-2c-AVX2")
+    ds = build_dataset(store)
+    assert ds.sizes == {"trial": 2, "quantile": 4}
+    by_id = {str(t): i for i, t in enumerate(ds.trial_id.values)}
+    assert str(ds.status.values[by_id[t0]]) == "ok" and str(ds.status.values[by_id[t1]]) == "hole"
+    assert float(ds.output_throughput.values[by_id[t0]]) == 7.5
+    assert list(ds.ttft_ms.values[by_id[t0]]) == [1.0, 2.0, 3.0, 4.0]
+    assert "max_num_seqs" in ds.attrs["swept_parameters"]
+    assert ds.attrs["design"] == "grid"
+    path = write_dataset(store)
+    import analysis
+
+    loaded = analysis.load(tmp_path / "exp")
+    assert path.exists() and loaded.sizes["trial"] == 2
+    assert int(loaded.started_at.values[by_id[t0]]) == store.attempts(t0)[0].started_at_us
+    assert not list((tmp_path / "exp").glob(".results-*"))
