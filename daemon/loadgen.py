@@ -40,229 +40,35 @@ calling thread, which must not already run a loop.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 
+from daemon.stream import RequestRecord, stream_completion
+from daemon.workload import MIN_TOKEN_ID, arrival_gaps, load_point_prompts
 from servetune.result import RequestSample
 from servetune.spec import LoadPoint
 
 log = logging.getLogger(__name__)
 
-#: Smallest token id in a random prompt (skips the special tokens at the start of a vocabulary).
-MIN_TOKEN_ID = 10
 #: How often the daemon's ``threading.Event`` is polled (seconds).
 STOP_POLL_S = 0.05
 #: How long cancelled requests get to unwind their connections (seconds).
 CANCEL_GRACE_S = 5.0
-#: Longest error text kept on a sample.
-ERROR_CHARS = 300
 
 REASON_DEADLINE = "trial deadline reached"
 REASON_STOPPED = "stopped by daemon"
 ERROR_END_OF_WINDOW = "cancelled at end of window"
 
-_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-
-
-# --------------------------------------------------------------------------- pure parts
-
-
-def derived_seed(seed: int, label: str) -> int:
-    """A 64-bit seed derived from ``seed`` and ``label``, the same on every machine."""
-    digest = hashlib.sha256(f"servetune:{label}:{seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def prompt_stream(seed: int, vocab_size: int, input_len: int) -> Iterator[list[int]]:
-    """Endless prompts of ``input_len`` token ids drawn uniformly from ``[MIN_TOKEN_ID, vocab_size)``."""
-    if vocab_size <= MIN_TOKEN_ID:
-        raise ValueError(f"vocab_size must exceed {MIN_TOKEN_ID}, got {vocab_size}")
-    rng = random.Random(seed)
-    population = range(MIN_TOKEN_ID, vocab_size)
-    while True:
-        yield rng.choices(population, k=input_len)
-
-
-def load_point_prompts(lp: LoadPoint, vocab_size: int, *, warmup: bool = False) -> Iterator[list[int]]:
-    """The prompts a load point sends, in order: seeded by ``lp.seed`` (warm-up: a derived seed)."""
-    seed = derived_seed(lp.seed, "warmup") if warmup else lp.seed
-    return prompt_stream(seed, vocab_size, lp.input_len)
-
-
-def arrival_gaps(lp: LoadPoint) -> Iterator[float]:
-    """Endless seconds between consecutive sends of a load point with a ``request_rate``."""
-    rate = lp.request_rate
-    if rate is None:
-        raise ValueError(f"load point {lp.name!r} has no request_rate")
-    if lp.arrival == "constant":
-        while True:
-            yield 1.0 / rate
-    rng = random.Random(derived_seed(lp.seed, "arrivals"))
-    while True:
-        yield rng.expovariate(rate)
-
-
-class SSELines:
-    """Split a byte stream into the payloads of its Server-Sent-Events ``data:`` lines."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Payloads of the lines completed by ``data`` (other SSE fields and comments dropped)."""
-        buf = self._buf + data if self._buf else data
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()
-        out: list[bytes] = []
-        for line in lines:
-            if line.startswith(b"data:"):
-                out.append(line[5:].strip())
-        return out
-
-
-def _short(text: str, limit: int = ERROR_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _exc_text(exc: BaseException) -> str:
-    message = str(exc)
-    return _short(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
-
-
-#: A vLLM token chunk (compact JSON) can be counted without parsing it; anything else is parsed.
-_TOKEN_MARK = b'"choices":[{'
-_PARSE_MARKS = (b'"usage":{', b'"error"')
-
-
-@dataclass(eq=False)
-class _Record:
-    """A request while it is in flight; becomes a :class:`RequestSample`."""
-
-    index: int
-    warmup: bool
-    scheduled_ns: int
-    send_ns: int | None = None
-    first_token_ns: int | None = None
-    token_ns: list[int] = field(default_factory=list)
-    end_ns: int | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    error: str | None = None
-    done: bool = False
-
-    def on_payload(self, payload: bytes, now_ns: int) -> None:
-        """Account one ``data:`` payload that arrived at ``now_ns``.
-
-        A chunk with a non-empty ``choices`` list counts as a token arrival (its text may be empty);
-        ``usage`` gives the token counts; an ``error`` object marks the request failed.
-        """
-        if self.done:
-            return
-        # Fast path: inside JSON strings quotes are escaped, so these marks only match real keys.
-        if _TOKEN_MARK in payload and not any(mark in payload for mark in _PARSE_MARKS):
-            self._token(now_ns)
-            return
-        if payload == b"[DONE]":
-            self.done = True
-            self.end_ns = now_ns
-            return
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            if self.error is None:
-                self.error = _short(f"BadChunk: {payload.decode('utf-8', 'replace')}")
-            return
-        if not isinstance(obj, dict):
-            return
-        if "error" in obj or obj.get("object") == "error":
-            err = obj.get("error", obj)
-            message = err.get("message", err) if isinstance(err, dict) else err
-            if self.error is None:
-                self.error = _short(f"StreamError: {message}")
-            return
-        if obj.get("choices"):
-            self._token(now_ns)
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.output_tokens = usage.get("completion_tokens", self.output_tokens)
-
-    def _token(self, now_ns: int) -> None:
-        if self.first_token_ns is None:
-            self.first_token_ns = now_ns
-        self.token_ns.append(now_ns)
-
-    def sample(self) -> RequestSample:
-        now = time.monotonic_ns()
-        send = self.send_ns if self.send_ns is not None else now
-        return RequestSample(
-            index=self.index,
-            warmup=self.warmup,
-            scheduled_ns=self.scheduled_ns,
-            send_ns=send,
-            first_token_ns=self.first_token_ns,
-            end_ns=self.end_ns if self.end_ns is not None else max(send, now),
-            token_ns=self.token_ns,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            error=self.error,
-        )
-
-
-# --------------------------------------------------------------------------- one request
-
-
-async def stream_completion(
-    session: aiohttp.ClientSession, url: str, body: bytes, rec: _Record, timeout_s: float
-) -> None:
-    """POST ``body`` to ``url`` and stream the response into ``rec``.
-
-    Never raises but :class:`asyncio.CancelledError`: failures end up in ``rec.error``.
-    """
-    rec.send_ns = time.monotonic_ns()
-    try:
-        async with session.post(url, data=body, headers=_HEADERS) as resp:
-            if resp.status != 200:
-                raw = await resp.content.read(2048)
-                rec.end_ns = time.monotonic_ns()
-                rec.error = _short(f"HTTP {resp.status}: {raw.decode('utf-8', 'replace')}")
-                return
-            lines = SSELines()
-            async for data in resp.content.iter_any():
-                now = time.monotonic_ns()
-                if rec.done:
-                    continue  # read to the end so that the connection goes back to the pool
-                for payload in lines.feed(data):
-                    rec.on_payload(payload, now)
-        if not rec.done:
-            rec.end_ns = time.monotonic_ns()
-            if rec.error is None:
-                rec.error = "IncompleteStream: the stream ended without data: [DONE]"
-    except asyncio.CancelledError:
-        raise
-    except TimeoutError as exc:  # aiohttp's total, connect and read timeouts
-        rec.error = _exc_text(exc) if str(exc) else f"TimeoutError: request took over {timeout_s:g} s"
-    except Exception as exc:  # one request must never take the load point down
-        rec.error = _exc_text(exc)
-    finally:
-        if rec.end_ns is None:
-            rec.end_ns = time.monotonic_ns()
-
-
-# --------------------------------------------------------------------------- event-loop helpers
 
 
 class _Abort:
@@ -369,8 +175,8 @@ class _Run:
         self.stop = stop
         self.abort = _Abort()
         self.start_ns = time.monotonic_ns()
-        self.records: list[_Record] = []
-        self.inflight: set[_Record] = set()
+        self.records: list[RequestRecord] = []
+        self.inflight: set[RequestRecord] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         if warmup:
@@ -438,14 +244,14 @@ class _Run:
             return False
         return self.send_until_ns is None or time.monotonic_ns() < self.send_until_ns
 
-    def _new_record(self, scheduled_ns: int) -> tuple[_Record, bytes]:
+    def _new_record(self, scheduled_ns: int) -> tuple[RequestRecord, bytes]:
         body = self.bodies.take()
-        rec = _Record(index=len(self.records), warmup=self.warmup, scheduled_ns=scheduled_ns)
+        rec = RequestRecord(index=len(self.records), warmup=self.warmup, scheduled_ns=scheduled_ns)
         self.records.append(rec)
         self.inflight.add(rec)
         return rec, body
 
-    async def _request(self, rec: _Record, body: bytes) -> None:
+    async def _request(self, rec: RequestRecord, body: bytes) -> None:
         await stream_completion(self.session, self.gen.url, body, rec, self.gen.request_timeout_s)
         self.inflight.discard(rec)  # not reached when cancelled: _cancel marks what is left
 
@@ -479,7 +285,7 @@ class _Run:
             rec, body = self._new_record(scheduled_ns)
             self._spawn(self._request_in_slot(rec, body, slots))
 
-    async def _request_in_slot(self, rec: _Record, body: bytes, slots: _Slots | None) -> None:
+    async def _request_in_slot(self, rec: RequestRecord, body: bytes, slots: _Slots | None) -> None:
         try:
             await self._request(rec, body)
         finally:

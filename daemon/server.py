@@ -17,26 +17,30 @@ the server (see the ``PR_SET_PDEATHSIG`` note in :func:`_child_setup`).
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import logging
 import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
 from daemon import promtext
+from daemon.procs import (
+    _child_setup,
+    _client_host,
+    cpu_list_string,
+    free_port,
+    is_cpu_node,
+    omp_bind_value,
+    process_group_alive,
+)
+from daemon.serverlog import _clip, classify_failure, parse_kv_cache
 from servetune.errors import ServetuneError
 from servetune.manifest import EngineConfig
 from servetune.result import ServerInfo
@@ -51,7 +55,6 @@ LOG_TAIL_LINES = 60
 _TAIL_READ_BYTES = 256 * 1024
 #: How much of this run's log is read to find the start-up facts (KV-cache capacity).
 _HEAD_READ_BYTES = 4 * 1024 * 1024
-_PR_SET_PDEATHSIG = 1
 _HEALTH_REQUEST_TIMEOUT_S = 2.0
 _HEALTH_POLL_S = 0.5
 
@@ -125,240 +128,6 @@ def _rebuild_start_error(reason: str, kwargs: dict[str, Any]) -> ServerStartErro
 
 class ServerRequestError(ServetuneError):
     """An HTTP request to a running server failed (connection error, timeout or bad status)."""
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-_KV_SIZE_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
-_MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-
-
-def parse_kv_cache(log_text: str) -> tuple[int | None, float | None]:
-    """The KV-cache capacity (tokens) and maximum concurrency vLLM reported at start-up.
-
-    vLLM logs e.g. ``CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 512 tokens per
-    request: 8192.00x`` (``GPU KV cache size`` on CUDA). The last report in ``log_text`` wins.
-    """
-    tokens: int | None = None
-    concurrency: float | None = None
-    for match in _KV_SIZE_RE.finditer(log_text):
-        tokens = int(match.group(1).replace(",", ""))
-    for match in _MAX_CONCURRENCY_RE.finditer(log_text):
-        concurrency = float(match.group(2))
-    return tokens, concurrency
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_ESTIMATED_LEN_RE = re.compile(r"estimated maximum model length is (\d+)")
-_MAX_SEQ_LEN_RE = re.compile(r"model's max seq len \((\d+)\)")
-_VALUE_ERROR_RE = re.compile(r"(?:ValueError: |Value error, )(.*?)(?: \[type=value_error.*)?$")
-_ARGPARSE_RE = re.compile(r": error: ((?:argument|unrecognized arguments|the following arguments).*)$")
-_EXCEPTION_RE = re.compile(r"^\s*(?:\(\S+ pid=\d+\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-
-
-def _last_line(lines: list[str], needle: str) -> str | None:
-    for line in reversed(lines):
-        if needle in line:
-            return line
-    return None
-
-
-def classify_failure(log_text: str) -> str | None:
-    """A short reason for a well-known start-up failure found in a server log, or ``None``.
-
-    Most specific first: KV-cache memory, device memory, out-of-memory, port in use, illegal
-    instruction, invalid arguments (argparse, ``ValueError``, pydantic ``Value error``), then the
-    last ``...Error: message`` line.
-    """
-    lines = log_text.splitlines()
-    if _last_line(lines, "No available memory for the cache blocks"):
-        return "no memory left for the KV cache (No available memory for the cache blocks)"
-    estimated = _ESTIMATED_LEN_RE.findall(log_text)
-    if estimated or "larger than the available KV cache memory" in log_text:
-        wanted = _MAX_SEQ_LEN_RE.findall(log_text)
-        reason = "KV cache too small for max_model_len"
-        if wanted:
-            reason += f" ({wanted[-1]})"
-        if estimated:
-            reason += f": the estimated maximum model length is {estimated[-1]}"
-        return reason
-    line = _last_line(lines, "Free memory on device")
-    if line is not None:
-        start = line.find("Free memory on device")
-        return "not enough free device memory: " + _clip(line[start:])
-    line = _last_line(lines, "CUDA out of memory") or _last_line(lines, "OutOfMemoryError")
-    if line is not None:
-        return "out of memory: " + _clip(line.strip())
-    if _last_line(lines, "Address already in use"):
-        return "port already in use (Address already in use)"
-    if _last_line(lines, "Illegal instruction") or _last_line(lines, "SIGILL"):
-        return "illegal instruction: the kernels need an instruction set this CPU lacks"
-    for line in reversed(lines):
-        match = _ARGPARSE_RE.search(line)
-        if match:
-            return "invalid arguments: " + _clip(match.group(1))
-    for line in reversed(lines):
-        match = _VALUE_ERROR_RE.search(line)
-        if match and match.group(1).strip():
-            return "invalid engine arguments: " + _clip(match.group(1))
-    for line in reversed(lines):
-        match = _EXCEPTION_RE.match(line)
-        if match:
-            return f"{match.group(1)}: {_clip(match.group(2))}"
-    return None
-
-
-def cpu_list_string(cpus: list[int]) -> str:
-    """A core list in the ``0-2,5`` form vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` and taskset read."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def omp_bind_value(cpus: list[int], ranks: int = 1) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``cpus``: one list per tensor-parallel rank, ``|``-separated.
-
-    With more ranks than cores (or a core count not divisible by ranks) the cores are split as
-    evenly as possible; vLLM needs exactly one list per local rank.
-    """
-    ordered = sorted(set(cpus))
-    if ranks <= 1 or len(ordered) < ranks:
-        return cpu_list_string(ordered)
-    size, extra = divmod(len(ordered), ranks)
-    chunks: list[str] = []
-    start = 0
-    for rank in range(ranks):
-        end = start + size + (1 if rank < extra else 0)
-        chunks.append(cpu_list_string(ordered[start:end]))
-        start = end
-    return "|".join(chunks)
-
-
-@cache
-def is_cpu_node() -> bool:
-    """True when this node has no NVIDIA GPU (no ``/dev/nvidia0``, and ``nvidia-smi -L`` lists none)."""
-    if os.path.exists("/dev/nvidia0"):
-        return False
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return True
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("nvidia-smi -L failed (%s); treating this node as CPU-only", exc)
-        return True
-    return not (out.returncode == 0 and "GPU " in out.stdout)
-
-
-def process_group_alive(pgid: int) -> bool:
-    """True while a live process is in process group ``pgid``.
-
-    ``os.killpg(pgid, 0)`` answers for the group; where ``/proc`` exists, a group whose members
-    are all zombies counts as gone (a container whose pid 1 does not reap orphans keeps them).
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    states = _group_states(pgid)
-    return states is None or any(state != "Z" for state in states)
-
-
-def _group_states(pgid: int) -> list[str] | None:
-    """Process states (``R``, ``S``, ``Z``...) of the members of ``pgid``; ``None`` without ``/proc``."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return None
-    states: list[str] = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid):
-            states.append(fields[0])
-    return states
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS calls free on ``host`` now (bind to port 0). Another process may still take it
-    before vLLM binds; that start then fails with "port already in use"."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _client_host(host: str) -> str:
-    """Where a client on this node reaches a server bound to ``host``."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
-
-
-def _child_setup(cpus: list[int] | None) -> Callable[[], None] | None:
-    """The ``preexec_fn`` run in the forked child before it execs vLLM (Linux only).
-
-    It does two syscalls and nothing else:
-
-    - ``prctl(PR_SET_PDEATHSIG, SIGTERM)``: the server gets SIGTERM when its parent dies, so a
-      crashed daemon leaves no vLLM behind. Caveat: the signal fires when the *thread* that
-      forked the child exits, not the process. The daemon therefore starts servers from its
-      long-lived worker thread; starting one from a short-lived thread would kill the server
-      when that thread ends.
-    - ``sched_setaffinity(0, cpus)``: pin the server (and everything it forks: engine core,
-      workers) to its cores.
-
-    Why ``preexec_fn`` and not ``taskset``/``setpriv`` in argv: the death signal needs code in
-    the child anyway, and the argv stays exactly the vLLM command we record and export. Python
-    warns that ``preexec_fn`` may deadlock in a threaded parent if the child needs a lock another
-    thread held at fork time. We keep that risk out: libc's ``prctl`` is looked up here, in the
-    parent, so the child neither imports nor dlopens; the child only calls two already-bound
-    functions (glibc's fork handlers keep malloc usable in the child).
-    """
-    if not sys.platform.startswith("linux"):
-        if cpus:
-            log.warning("pinning a server to cores is only supported on Linux; ignoring cpus=%s", cpus)
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        prctl.restype = ctypes.c_int
-    except (OSError, AttributeError) as exc:  # pragma: no cover - every glibc/musl has prctl
-        log.warning("prctl unavailable (%s): the server will not die with the daemon", exc)
-        prctl = None
-    parent = os.getpid()
-    cpu_set = frozenset(cpus) if cpus else None
-    sigterm = int(signal.SIGTERM)
-
-    def setup() -> None:
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(1)
-        if cpu_set is not None:
-            os.sched_setaffinity(0, cpu_set)
-
-    return setup
 
 
 # --------------------------------------------------------------------------- the server

@@ -29,17 +29,14 @@ import pytest
 
 from daemon.loadgen import (
     ERROR_END_OF_WINDOW,
-    MIN_TOKEN_ID,
     REASON_DEADLINE,
     REASON_STOPPED,
     LoadGenerator,
     LoadResult,
-    SSELines,
-    _Record,
-    arrival_gaps,
-    load_point_prompts,
     run_load_point,
 )
+from daemon.stream import RequestRecord, SSELines
+from daemon.workload import MIN_TOKEN_ID, arrival_gaps, load_point_prompts
 from servetune.metrics import quantile, summarize
 from servetune.result import RequestSample
 from servetune.spec import LoadPoint
@@ -309,7 +306,7 @@ def test_sse_lines_any_split() -> None:
     for cut in range(len(stream) + 1):
         parser = SSELines()
         assert parser.feed(stream[:cut]) + parser.feed(stream[cut:]) == whole
-    rec = _Record(index=0, warmup=False, scheduled_ns=0)
+    rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
     for i, payload in enumerate(whole):
         rec.on_payload(payload, 100 + i)
     assert rec.first_token_ns == 100 and rec.token_ns == [100, 101]  # the "" chunk counts
@@ -324,7 +321,7 @@ def test_token_chunk_fast_path_matches_parsing() -> None:
         b'{"id": "c", "choices": [{"index": 0, "text": "c"}]}',  # spaced JSON: parsed, still a token
         b'{"id":"c","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":4}}',
     ]
-    rec = _Record(index=0, warmup=False, scheduled_ns=0)
+    rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
     for i, chunk in enumerate(chunks):
         assert json.loads(chunk)  # every canned chunk is valid JSON
         rec.on_payload(chunk, i)
@@ -333,7 +330,7 @@ def test_token_chunk_fast_path_matches_parsing() -> None:
 
 
 def test_stream_error_event_recorded() -> None:
-    rec = _Record(index=0, warmup=False, scheduled_ns=0)
+    rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
     rec.on_payload(b'{"error":{"message":"boom","type":"X","code":500}}', 5)
     rec.on_payload(b"[DONE]", 6)
     assert rec.error == "StreamError: boom" and rec.end_ns == 6
