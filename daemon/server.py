@@ -489,11 +489,7 @@ class VLLMServer:
         ``request_success_ok`` (finish reasons stop, length, repetition). Subtract two readings for a
         window's deltas. A counter this vLLM does not export is left out. Raises :class:`ServerRequestError`."""
         samples = self.scrape_samples(timeout_s)
-        out: dict[str, float] = {}
-        for key, name in COUNTER_METRICS.items():
-            value = promtext.select(samples, name)
-            if value is not None:
-                out[key] = value
+        out = _select_all(samples, COUNTER_METRICS)
         ok = promtext.select(samples, "vllm:request_success_total", {"finished_reason": OK_FINISH_REASONS})
         if ok is not None:
             out["request_success_ok"] = ok
@@ -501,13 +497,7 @@ class VLLMServer:
 
     def gauges(self, timeout_s: float = 5) -> dict[str, float]:
         """Current queue and KV-cache gauges (keys of :data:`GAUGE_METRICS`). Raises :class:`ServerRequestError`."""
-        samples = self.scrape_samples(timeout_s)
-        out: dict[str, float] = {}
-        for key, name in GAUGE_METRICS.items():
-            value = promtext.select(samples, name)
-            if value is not None:
-                out[key] = value
-        return out
+        return _select_all(self.scrape_samples(timeout_s), GAUGE_METRICS)
 
     def wait_idle(self, timeout_s: float, poll_s: float = 0.2) -> bool:
         """Wait until no request is running or waiting. False at the deadline or if the server died."""
@@ -572,3 +562,13 @@ __all__ = [
     "parse_kv_cache",
     "process_group_alive",
 ]
+
+
+def _select_all(samples: list[promtext.Sample], names: dict[str, str]) -> dict[str, float]:
+    """``{key: value}`` for each ``key -> metric name`` that the samples have (absent ones left out)."""
+    out: dict[str, float] = {}
+    for key, name in names.items():
+        value = promtext.select(samples, name)
+        if value is not None:
+            out[key] = value
+    return out

@@ -37,6 +37,7 @@ from daemon.server import (
 from daemon.tiny_model import generate
 from servetune.manifest import EngineConfig
 from servetune.spec import BackendSpec, EngineArgs
+from tests.conftest import group_members
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
@@ -394,22 +395,6 @@ def test_log_is_appended_per_run(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real vLLM
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Pids whose process group is ``pgid`` (from /proc; field 5 of stat)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate(tmp_path_factory.mktemp("models") / "tiny")
@@ -480,7 +465,7 @@ def test_vllm_kv_cache_capacity(vllm_server: VLLMServer) -> None:
 @needs_vllm
 def test_vllm_pinned_and_bound(vllm_server: VLLMServer) -> None:
     assert vllm_server.pgid is not None
-    members = _group_members(vllm_server.pgid)
+    members = group_members(vllm_server.pgid)
     assert len(members) >= 2  # API server + engine core (+ workers)
     for pid in members:
         status = Path(f"/proc/{pid}/status").read_text()
