@@ -52,7 +52,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         "trial_id", "attempt", "config_id", "experiment", "load_point", "repeat", "status", "failure_kind",
         "error", "is_baseline", "baseline_run", "started_at", "hardware_class", "backend", "spec_hash",
         "in_current_spec", "stopped_early", "client_fell_behind", "request_rate", "max_concurrency",
-        "input_len", "output_len", "config_label",
+        "input_len", "output_len", "config_label", "dataset", "dataset_sha256", "endpoint", "arrival", "burstiness",
     )}
     params: dict[str, list[Any]] = {f"param_{a}": [] for a in arg_names}
     params.update({f"param_env.{e}": [] for e in env_names})
@@ -85,8 +85,14 @@ def build_dataset(store: Store) -> xr.Dataset:
         coords["client_fell_behind"].append(bool(metrics.get("client_fell_behind", False)))
         coords["request_rate"].append(_num(lp.request_rate))
         coords["max_concurrency"].append(_num(lp.max_concurrency))
-        coords["input_len"].append(lp.input_len)
-        coords["output_len"].append(lp.output_len)
+        means = lp.mean_lengths()
+        coords["input_len"].append(means[0] if means else math.nan)  # mean tokens; NaN: from a file
+        coords["output_len"].append(means[1] if means else math.nan)
+        coords["dataset"].append(lp.dataset.kind)
+        coords["dataset_sha256"].append(getattr(lp.dataset, "sha256", None) or "")
+        coords["endpoint"].append(lp.endpoint)
+        coords["arrival"].append(lp.arrival if lp.request_rate is not None else "closed-loop")
+        coords["burstiness"].append(lp.burstiness)
         coords["config_label"].append(m.engine.label())
         for a in arg_names:
             value = getattr(m.engine.args, a)

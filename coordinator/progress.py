@@ -64,6 +64,12 @@ class SweepProgress:
         per_trial = elapsed / self.done
         return per_trial * (self.total - self.done)
 
+    def add_total(self, n: int) -> None:
+        """Trials planned during the sweep (a rate sweep's follow-ups) join the total."""
+        self.total += n
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=self.total)
+
     def phase(self, text: str) -> None:
         self._current = text
         self._render()

@@ -88,6 +88,13 @@ class Scheduler:
             return None
         return self._queue.popleft()
 
+    def add(self, work: BatchWork) -> bool:
+        """Queue a batch planned during the sweep (e.g. a rate sweep's follow-ups); False when stopping."""
+        if self.stopping:
+            return False
+        self._queue.append(work)
+        return True
+
     def grant(self, daemon_id: str, work: BatchWork, attempts: dict[str, int]) -> Lease:
         now = self._clock()
         lease = Lease(

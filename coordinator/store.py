@@ -189,6 +189,25 @@ class Store:
                     )
                     order += 1
 
+    def add_trials(self, spec_hash: str, manifests: list[TrialManifest], batch_index: int) -> None:
+        """Record trials planned during a sweep (a rate sweep's follow-ups) under ``spec_hash``."""
+        ts = now_us()
+        with self._tx() as c:
+            row = c.execute("SELECT MAX(run_order) AS n FROM spec_trials WHERE spec_hash=?", (spec_hash,)).fetchone()
+            order = int(row["n"] if row["n"] is not None else -1) + 1
+            for m in manifests:
+                c.execute(
+                    "INSERT OR IGNORE INTO trials(trial_id, manifest_json, config_id, load_point, repeat,"
+                    " baseline_run, first_spec_hash, created_at_us) VALUES (?,?,?,?,?,?,?,?)",
+                    (m.trial_id, canonical_json(m.model_dump(mode="json")), m.config_id, m.load_point.name,
+                     m.repeat, m.baseline_run, spec_hash, ts),
+                )
+                cur = c.execute(
+                    "INSERT OR IGNORE INTO spec_trials(spec_hash, trial_id, run_order, batch_index) VALUES (?,?,?,?)",
+                    (spec_hash, m.trial_id, order, batch_index),
+                )
+                order += cur.rowcount
+
     def planned_trial_ids(self, spec_hash: str) -> list[str]:
         rows = self._conn.execute(
             "SELECT trial_id FROM spec_trials WHERE spec_hash=? ORDER BY run_order", (spec_hash,)

@@ -47,10 +47,20 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
             str(b.trials[0].repeat),
         )
     console.print(table)
+    followups = sum(plan.followups_per_batch(b) for b in plan.batches)
+    follow_text = (
+        f" + {followups} rate-sweep follow-up trial(s) in {sum(1 for b in plan.batches if plan.followups_per_batch(b))}"
+        " more server start(s), planned once their @sync and @max results are in"
+        if followups else ""
+    )
+    external = spec.backend.kind == "openai"
+    starts = f"no server starts (backend openai: {spec.backend.base_url})" if external else (
+        f"{len(plan.batches)} server starts")
     console.print(
         f"{len(configs)} engine config(s), {len(spec.load_points)} load point(s), {spec.repeats} repeat(s): "
-        f"{len(trials)} trials, {len(plan.batches)} server starts, estimated {_fmt_duration(plan.estimate_seconds())} "
-        "(about 50 s per server start on a 2-core CPU machine)"
+        f"{len(trials)} trials, {starts}{follow_text}; estimated "
+        f"{_fmt_duration(plan.estimate_seconds(server_start_s=0 if external else 50))}"
+        + ("" if external else " (about 50 s per server start on a 2-core CPU machine)")
     )
     console.print("dry run: nothing was started or written")
 
@@ -75,7 +85,7 @@ def collect_summaries(store: Store) -> list[TrialSummary]:
             TrialSummary(
                 trial_id=trial_id,
                 config_id=m.config_id,
-                config_label=m.engine.label(swept),
+                config_label=m.engine.label(swept) if m.backend == "vllm" else f"endpoint {m.target}",
                 load_point=m.load_point.name,
                 status=att.status if att else "hole",
                 failure_kind=att.failure_kind if att else None,
@@ -103,6 +113,8 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
         for r in rows:
             v = r.values
             status = r.status if not r.failure else f"failed ({r.failure})"
+            for flag in r.flags:  # stopped early, client fell behind: shown, never hidden in the rank
+                status += f", {flag}"
             if r.slos_met is False:
                 status += ", misses SLO"
             if r.n_ok and (r.n_failed or r.n_holes):

@@ -34,7 +34,16 @@ from coordinator.summary import output_console, print_plan, print_ranking, spec_
 from coordinator.transport import RouterEndpoint
 from servetune.canonical import canonical_json
 from servetune.errors import ServetuneError
-from servetune.manifest import Plan, plan_grid, swept_names
+from servetune.manifest import (
+    Plan,
+    PlannedBatch,
+    TrialManifest,
+    plan_grid,
+    rate_sweep_followups,
+    rate_sweep_rates,
+    sweep_parent,
+    swept_names,
+)
 from servetune.messages import (
     Ack,
     Bye,
@@ -53,10 +62,10 @@ from servetune.messages import (
     State,
     Welcome,
 )
-from servetune.metrics import TrialMetrics, summarize
+from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
 from servetune.result import TrialOutcome
-from servetune.spec import ExperimentSpec, LoadPoint
+from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +155,63 @@ def refresh_slo_metrics(store: Store, spec: ExperimentSpec) -> int:
     return changed
 
 
+FOLLOWUP_BATCH_OFFSET = 10_000
+
+
+def expand_rate_sweeps(
+    store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, retry_failed: bool = False,
+    only: set[str] | None = None,
+) -> list[BatchWork]:
+    """Follow-up batches of every rate sweep whose ``@sync`` and ``@max`` trials both have ok
+    results: ``num_rates`` rates evenly spaced between their request throughputs, as new trials
+    (recorded in the store under ``spec_hash``; their manifests are made now and never change).
+    Returns the batches that still have something to run. ``only``: just the seed pairs that
+    contain one of these trial ids."""
+    sweeps = {lp.name: lp for lp in spec.load_points if lp.rate_sweep is not None}
+    if not sweeps:
+        return []
+    latest = store.latest_finished()
+    pairs: dict[tuple[int, str], dict[str, TrialManifest]] = {}
+    batches: dict[int, PlannedBatch] = {}
+    for batch in plan.batches:
+        for m in batch.trials:
+            parent = sweep_parent(m.load_point.name)
+            if parent in sweeps:
+                pairs.setdefault((batch.index, parent), {})[m.load_point.name.rsplit(DERIVED_MARK, 1)[1]] = m
+                batches[batch.index] = batch
+    work: list[BatchWork] = []
+    for (index, parent), seeds in sorted(pairs.items()):
+        sync, top = seeds.get("sync"), seeds.get("max")
+        if sync is None or top is None:
+            continue
+        if only is not None and not ({sync.trial_id, top.trial_id} & only):
+            continue
+        a, b = latest.get(sync.trial_id), latest.get(top.trial_id)
+        if a is None or b is None or a.status != "ok" or b.status != "ok" or not a.metrics or not b.metrics:
+            continue
+        sweep = sweeps[parent].rate_sweep
+        assert sweep is not None
+        rates = rate_sweep_rates(float(a.metrics["request_throughput"]), float(b.metrics["request_throughput"]),
+                                 sweep.num_rates)
+        manifests = [top.model_copy(update={"load_point": lp}) for lp in rate_sweep_followups(sweeps[parent], rates)]
+        if not manifests:
+            log.warning("rate sweep %s of batch %d: max throughput is not above synchronous; no follow-ups",
+                        parent, index)
+            continue
+        batch_index = FOLLOWUP_BATCH_OFFSET + index
+        store.add_trials(spec_hash, manifests, batch_index)
+        todo = []
+        for m in manifests:
+            att = latest.get(m.trial_id)
+            if att is None or (att.status == "failed" and (att.failure_kind == "transport" or retry_failed)):
+                todo.append(m)
+        if todo:
+            planned = PlannedBatch(index=batch_index, config=batches[index].config, trials=tuple(manifests),
+                                   is_baseline=batches[index].is_baseline)
+            work.append(BatchWork(batch=planned, trials=tuple(todo)))
+    return work
+
+
 class SweepRunner:
     """One sweep of one experiment. Not reusable: make a new runner per sweep."""
 
@@ -165,7 +231,10 @@ class SweepRunner:
         self.progress: SweepProgress | None = None
         self.counts = {"ok": 0, "failed": 0}
         swept = swept_names(self.plan.configs().values()) or None
-        self._labels = {m.trial_id: f"{m.engine.label(swept)} @ {m.load_point.name}" for m in self.plan.trials()}
+        self._labels = {
+            m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
+            for m in self.plan.trials()
+        }
 
     # ------------------------------------------------------------------ entry
 
@@ -203,6 +272,9 @@ class SweepRunner:
             self.console.print(f"SLOs changed: recomputed SLO attainment and goodput of {refreshed} trial(s) "
                                "from their raw samples")
         work, skipped = select_work(self.plan, store, self.opts.retry_failed)
+        followups = expand_rate_sweeps(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed)
+        self._note_labels(followups)
+        work += followups
         n_todo = sum(len(w.trials) for w in work)
         total = len(self.plan.trials())
         if skipped:
@@ -260,7 +332,14 @@ class SweepRunner:
 
     def _count_holes(self, store: Store) -> int:
         latest = store.latest_finished()
-        return sum(1 for m in self.plan.trials() if m.trial_id not in latest)
+        return sum(1 for t in store.planned_trial_ids(self.spec_hash) if t not in latest)
+
+    def _note_labels(self, work: list[BatchWork]) -> None:
+        swept = swept_names(self.plan.configs().values()) or None
+        for w in work:
+            for m in w.trials:
+                label = m.engine.label(swept) if m.backend == "vllm" else m.target
+                self._labels[m.trial_id] = f"{label} @ {m.load_point.name}"
 
     # ------------------------------------------------------------------ local daemon
 
@@ -431,9 +510,22 @@ class SweepRunner:
         write_dataset(store)
         endpoint.send(daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))
         self.counts["ok" if status == "ok" else "failed"] += 1
+        if status == "ok" and DERIVED_MARK in manifest.load_point.name:
+            added = expand_rate_sweeps(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed,
+                                       only={msg.trial_id})
+            self._note_labels(added)
+            for work in added:
+                if sched.add(work):
+                    progress.add_total(len(work.trials))
+                    rates = ", ".join(m.load_point.name.rsplit(DERIVED_MARK, 1)[1] for m in work.trials)
+                    progress.phase(f"rate sweep: queued {len(work.trials)} follow-up rate(s): {rates}")
         label = self._labels.get(msg.trial_id, msg.trial_id[:12])
         if status == "ok":
             text = f"{label}: ok, {metrics.get('output_throughput', 0):.0f} output tok/s"
+            if metrics.get("stopped_early"):
+                text += f", stopped early: {metrics['stopped_early']}"
+            if metrics.get("client_fell_behind"):
+                text += ", client fell behind"
         else:
             text = f"{label}: FAILED ({kind}): {(error or '').splitlines()[0][:120] if error else ''}"
         progress.trial_done(status == "ok", text)
@@ -450,6 +542,8 @@ class SweepRunner:
             "stopped_early": outcome.stopped_early,
             "vllm_version": fp.vllm_version if fp else None,
             "hardware_class": fp.hardware_class if fp else None,
+            # peaks of the server's queues and KV cache, preemptions, prefix-cache hit rate
+            **server_summary(outcome.server_series, counters),
         }
 
     def _metrics(self, outcome: TrialOutcome, lp: LoadPoint) -> dict[str, Any]:

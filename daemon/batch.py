@@ -6,12 +6,17 @@ leak into the next. A server that will not start, dies, or runs past the trial b
 ``measurement`` failure carrying its exit code and log tail; the batch goes on where it can.
 When the daemon is told to stop mid-trial, that trial is abandoned and nothing is submitted for
 it (the coordinator records the attempt as a transport failure and a resumed sweep re-runs it).
+A load point its stop conditions ended early (error budget, over-saturation) is a result, status
+ok with ``stopped_early`` set; only the trial deadline makes a stop a failure. During each
+measurement a :class:`~daemon.scrape.MetricsScraper` reads the server's ``/metrics`` every 0.5 s
+until the server drained; the series goes with the result (``TrialOutcome.server_series``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -19,9 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.loadgen import run_load_point
+from daemon.endpoint import Endpoint, ServerRequestError
+from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
-from daemon.server import ServerRequestError, ServerStartError, VLLMServer
+from daemon.scrape import MetricsScraper
+from daemon.server import ServerStartError, VLLMServer
+from servetune.errors import ServetuneError
 from servetune.messages import Grant, GrantedTrial, Phase, Result, State
 from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
 
@@ -81,6 +89,9 @@ class BatchRunner:
             ))
 
     def run(self, grant: Grant) -> None:
+        if grant.backend.kind == "openai":
+            self._run_external(grant)
+            return
         started = now_us()
         backend = grant.backend
         if self.ctx.vllm_python and not backend.python and not backend.launch:
@@ -125,20 +136,52 @@ class BatchRunner:
                     self._fail_all(grant, grant.trials[i:], now_us(), f"server died (exit code {code})",
                                    server.info(), code, server.log_tail())
                     return
-                self._run_trial(grant, trial, server, vocab_size=model.vocab_size)
+                self._run_trial(grant, trial, server, vocab_size=model.vocab_size,
+                                tokenizer_path=model.tokenizer_path)
         finally:
             server.stop()
             self._record_server(server, stopped=True)
             with self._lock:
                 self._server = None
 
-    def _run_trial(self, grant: Grant, trial: GrantedTrial, server: VLLMServer, vocab_size: int) -> None:
+    def _run_external(self, grant: Grant) -> None:
+        """The ``openai`` backend: measure an endpoint the user already runs; start and stop nothing."""
+        started = now_us()
+        backend = grant.backend
+        assert backend.base_url is not None
+        api_key = None
+        if backend.api_key_env:
+            api_key = os.environ.get(backend.api_key_env)
+            if not api_key:
+                self._fail_all(grant, grant.trials, started,
+                               f"environment variable {backend.api_key_env} (backend.api_key_env) is not set on this node",
+                               None, None, None)
+                return
+        try:
+            model = resolve_model(grant.model)
+        except ModelResolutionError as exc:
+            self._fail_all(grant, grant.trials, started, str(exc), None, None, None)
+            return
+        endpoint = Endpoint(backend.base_url, has_metrics=backend.scrape_metrics, api_key=api_key)
+        self._state(grant, None, "server_ready", f"external endpoint {backend.base_url}")
+        for trial in grant.trials:
+            if self.stop.is_set():
+                return
+            self._run_trial(grant, trial, endpoint, vocab_size=model.vocab_size, api_key=api_key,
+                            tokenizer_path=model.tokenizer_path)
+
+    def _run_trial(self, grant: Grant, trial: GrantedTrial, server: Endpoint, vocab_size: int,
+                   api_key: str | None = None, tokenizer_path: str | None = None) -> None:
         lp = trial.manifest.load_point
         started = now_us()
         before: dict[str, float] = {}
+        # /metrics every 0.5 s from the start of the measurement until the server drained
+        scraper = MetricsScraper.for_endpoint(server, name=f"scrape-{trial.trial_id[:8]}")
 
         def on_measure_start() -> None:
             before.update(self._counters(server))
+            if scraper is not None:
+                scraper.start()
             self._state(grant, trial, "measuring", lp.name)
 
         self._state(grant, trial, "warmup" if lp.warmup_requests else "measuring", lp.name)
@@ -147,21 +190,26 @@ class BatchRunner:
         try:
             warm, result = run_load_point(
                 server.base_url, grant.model.served_name, vocab_size, lp, deadline, stop=self.stop,
-                on_measure_start=on_measure_start,
+                on_measure_start=on_measure_start, api_key=api_key, tokenizer_path=tokenizer_path,
             )
         except Exception as exc:  # the load generator failing is a measurement failure, never a daemon crash
             log.exception("load generator failed on trial %s", trial.trial_id[:12])
+            if scraper is not None:
+                scraper.stop()
             self._result(grant, trial, TrialOutcome(
-                status="failed", failure_kind="measurement", error=f"load generator error: {exc!r}",
+                status="failed", failure_kind="measurement", error=f"load generator error: {exc}" if isinstance(exc, ServetuneError) else f"load generator error: {exc!r}",
                 server=server.info(), fingerprint=self.ctx.fingerprint, started_at_us=started, finished_at_us=now_us(),
             ))
             return
         if self.stop.is_set():
             log.info("trial %s abandoned: the daemon is stopping", trial.trial_id[:12])
+            if scraper is not None:
+                scraper.stop()
             return
         samples = list(warm) + list(result.samples)
         self._state(grant, trial, "draining", lp.name)
         idle = server.wait_idle(grant.budgets.drain_timeout_s) if server.is_alive() else False
+        series = scraper.stop() if scraper is not None else []
         after = self._counters(server) if server.is_alive() else {}
         deltas = {k: after[k] - before[k] for k in after if k in before}
         alive = server.is_alive()
@@ -169,7 +217,7 @@ class BatchRunner:
         error = None
         if not alive:
             status, error = "failed", f"server died under load (exit code {server.returncode})"
-        elif result.stopped_early and "deadline" in result.stopped_early:
+        elif result.stopped_early == REASON_DEADLINE:
             status, error = "failed", f"timed out under load: {result.stopped_early} ({deadline:.0f} s budget)"
         elif not idle:
             log.warning("server did not drain within %.0f s after %s", grant.budgets.drain_timeout_s, lp.name)
@@ -187,6 +235,7 @@ class BatchRunner:
             stopped_early=result.stopped_early,
             server=server.info(),
             server_counters=deltas,
+            server_series=series,
             fingerprint=self.ctx.fingerprint,
             started_at_us=started,
             finished_at_us=now_us(),
@@ -194,7 +243,7 @@ class BatchRunner:
         self._state(grant, trial, "done" if status == "ok" else "failed", lp.name)
 
     @staticmethod
-    def _counters(server: VLLMServer) -> dict[str, float]:
+    def _counters(server: Endpoint) -> dict[str, float]:
         try:
             return server.counters()
         except ServerRequestError as exc:

@@ -1,14 +1,17 @@
 """The load generator: streams completions from the vLLM server next to it and times every chunk.
 
 One :class:`LoadGenerator` talks to one OpenAI-compatible server (``POST {base_url}/v1/completions``
-with ``stream: true``). For a :class:`~servetune.spec.LoadPoint` it sends random token-id prompts of
-exactly ``input_len`` tokens and asks for exactly ``output_len`` tokens (``ignore_eos``,
-``min_tokens``), and records one :class:`~servetune.result.RequestSample` per request. A single
-request never raises: whatever went wrong is written in ``RequestSample.error``.
+or, for ``endpoint: chat``, ``/v1/chat/completions``, with ``stream: true``). For a
+:class:`~servetune.spec.LoadPoint` it sends the requests :mod:`daemon.workload` plans (random
+token ids, shared-prefix prompts, or a file dataset's text loaded by :mod:`daemon.datasets`) and
+asks for exactly each request's output length (``max_tokens`` = ``min_tokens``, ``ignore_eos``),
+and records one :class:`~servetune.result.RequestSample` per request. A single request never
+raises: whatever went wrong is written in ``RequestSample.error``.
 
 Arrivals (measurement):
 
-- ``request_rate`` set: Poisson (seeded exponential gaps) or constant gaps per ``arrival``; the
+- ``request_rate`` set: Poisson (seeded exponential gaps), constant, or gamma gaps (``burstiness``)
+  per ``arrival``; the
   first request goes at the start of the window, request *k* at the sum of the first *k* gaps, so
   a client that fell behind catches up instead of drifting.
 - ``max_concurrency`` set: at most that many requests in flight. Alone it is a closed loop (one
@@ -19,6 +22,11 @@ Arrivals (measurement):
   with the error ``"cancelled at end of window"``.
 - The trial deadline and the daemon's stop event cancel every outstanding request at once
   (error ``"cancelled: <reason>"``) and :attr:`LoadResult.stopped_early` names the reason.
+- The load point's stop conditions (``lp.stop``: error budget, over-saturation; see
+  :mod:`daemon.stopping` and :mod:`daemon.saturation`) end the measurement the same way, with the
+  error ``"cancelled: stopped early (<kind>)"``; ``stopped_early`` holds the full reason. Such a
+  load point is a result: metrics are taken over what ran, and cancelled requests are counted
+  apart (``servetune.metrics``), never as errors.
 
 Times are ``time.monotonic_ns()`` on this process. ``scheduled_ns`` is when the arrival process
 meant to send the request: its arrival time, or the moment its concurrency slot freed (the end of
@@ -27,10 +35,11 @@ own lag, never the wait for a slot. ``token_ns`` holds the arrival of every stre
 carries a choice (its text may be empty for a partial UTF-8 character), ``end_ns`` the arrival of
 ``data: [DONE]``.
 
-Prompts are deterministic: ``random.Random(lp.seed)`` draws token ids uniformly from
-``[10, vocab_size)`` for the measurement (request *i* gets the *i*-th prompt); warm-up and
-arrivals use seeds derived from it, so warm-up prompts differ from the measured ones (and leave
-nothing useful in the prefix cache).
+Requests are deterministic under ``lp.seed`` (request *i* gets the *i*-th planned request; see
+:mod:`daemon.workload`); warm-up and arrivals use seeds derived from it, so warm-up prompts differ
+from the measured ones (and leave nothing useful in the prefix cache). Up to :data:`BODIES_AHEAD`
+request bodies are made before a run starts and the rest one at a time right after each send, so
+a send never waits for its body.
 
 Threading: a :class:`LoadGenerator` is used from one event loop at a time. :func:`run_load_point`
 is the synchronous entry point for the daemon: one fresh event loop (``asyncio.run``) on the
@@ -53,10 +62,12 @@ from typing import Any
 
 import aiohttp
 
+from daemon.datasets import HFTokenizer, WorkloadError, load_prompts, load_tokenizer
+from daemon.stopping import StopMonitor, cancel_error
 from daemon.stream import RequestRecord, stream_completion
-from daemon.workload import MIN_TOKEN_ID, arrival_gaps, load_point_prompts
+from daemon.workload import MIN_TOKEN_ID, DatasetPrompt, PlannedRequest, arrival_gaps, iter_requests, needs_tokenizer
 from servetune.result import RequestSample
-from servetune.spec import LoadPoint
+from servetune.spec import FileDataset, LoadPoint
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +75,8 @@ log = logging.getLogger(__name__)
 STOP_POLL_S = 0.05
 #: How long cancelled requests get to unwind their connections (seconds).
 CANCEL_GRACE_S = 5.0
+#: Request bodies made before a warm-up or measurement starts (the rest are made as it runs).
+BODIES_AHEAD = 1024
 
 REASON_DEADLINE = "trial deadline reached"
 REASON_STOPPED = "stopped by daemon"
@@ -72,15 +85,18 @@ ERROR_END_OF_WINDOW = "cancelled at end of window"
 
 
 class _Abort:
-    """The first reason to stop everything now (trial deadline or the daemon's stop event)."""
+    """The first reason to stop everything now (trial deadline, the daemon's stop event, or a stop
+    condition of the load point) and the error its cancelled requests get."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.reason: str | None = None
+        self.error: str | None = None
 
-    def trigger(self, reason: str) -> None:
+    def trigger(self, reason: str, error: str | None = None) -> None:
         if self.reason is None:
             self.reason = reason
+            self.error = error or f"cancelled: {reason}"
             log.info("load generator: %s, cancelling outstanding requests", reason)
         self.event.set()
 
@@ -124,23 +140,36 @@ class _Slots:
 
 
 class _Bodies:
-    """Request bodies in prompt order, the next one prepared ahead so a send never waits for it."""
+    """Request bodies in send order: ``ahead`` made now, then the next one prepared after each
+    take, so a send never waits for its body."""
 
-    def __init__(self, prompts: Iterator[list[int]], make: Callable[[list[int]], bytes]) -> None:
-        self._prompts = prompts
+    def __init__(self, requests: Iterator[PlannedRequest], make: Callable[[PlannedRequest], bytes],
+                 ahead: int = 1) -> None:
+        self._requests = requests
         self._make = make
-        self._next: bytes | None = None
+        self._ready: deque[bytes] = deque(make(next(requests)) for _ in range(max(1, ahead)))
         self._loop = asyncio.get_running_loop()
 
     def take(self) -> bytes:
-        body = self._next if self._next is not None else self._make(next(self._prompts))
-        self._next = None
-        self._loop.call_soon(self._prepare)  # after the caller's send went out
+        body = self._ready.popleft() if self._ready else self._make(next(self._requests))
+        if not self._ready:
+            self._loop.call_soon(self._prepare)  # after the caller's send went out
         return body
 
     def _prepare(self) -> None:
-        if self._next is None:
-            self._next = self._make(next(self._prompts))
+        if not self._ready:
+            self._ready.append(self._make(next(self._requests)))
+
+
+def _bodies_ahead(lp: LoadPoint, warmup: bool) -> int:
+    """How many bodies to make before a run: all it sends when that is known, at most BODIES_AHEAD."""
+    if warmup:
+        return min(BODIES_AHEAD, max(1, lp.warmup_requests))
+    expected = lp.num_requests
+    if lp.request_rate is not None and lp.duration_s is not None:
+        by_time = int(lp.request_rate * lp.duration_s) + 1
+        expected = by_time if expected is None else min(expected, by_time)
+    return min(BODIES_AHEAD, expected or BODIES_AHEAD)
 
 
 async def _watch_stop(stop: threading.Event, abort: _Abort) -> None:
@@ -174,6 +203,9 @@ class _Run:
         self.deadline_ns = deadline_ns
         self.stop = stop
         self.abort = _Abort()
+        self.url = gen.chat_url if lp.endpoint == "chat" else gen.url
+        self.bodies = _Bodies(gen.planned_requests(lp, warmup=warmup),
+                              lambda req: gen.request_body(req, lp.endpoint), _bodies_ahead(lp, warmup))
         self.start_ns = time.monotonic_ns()
         self.records: list[RequestRecord] = []
         self.inflight: set[RequestRecord] = set()
@@ -189,8 +221,10 @@ class _Run:
             self.concurrency = lp.max_concurrency
             self.gaps = arrival_gaps(lp) if lp.request_rate is not None else None
             self.send_until_ns = None if lp.duration_s is None else self.start_ns + int(lp.duration_s * 1e9)
-        prompts = load_point_prompts(lp, gen.vocab_size, warmup=warmup)
-        self.bodies = _Bodies(prompts, lambda prompt: gen.body(prompt, lp.output_len))
+        # stop conditions (measurement only); held_since_ns: an arrival waiting for a free slot
+        self.held_since_ns: int | None = None
+        self.monitor = None if warmup else StopMonitor.for_load_point(
+            lp, self.start_ns, self.inflight, self._held_back, lambda r: self.abort.trigger(r, cancel_error(r)))
 
     async def execute(self) -> None:
         loop = asyncio.get_running_loop()
@@ -200,6 +234,7 @@ class _Run:
             if self.stop.is_set():
                 self.abort.trigger(REASON_STOPPED)
             watcher = asyncio.ensure_future(_watch_stop(self.stop, self.abort))
+        monitor = asyncio.ensure_future(self.monitor.run()) if self.monitor is not None else None
         if self.deadline_ns is not None:
             remaining = (self.deadline_ns - time.monotonic_ns()) / 1e9
             if remaining <= 0:
@@ -225,7 +260,7 @@ class _Run:
                     else:
                         await self._wait(None)
             if self.abort.reason is not None:
-                await self._cancel(f"cancelled: {self.abort.reason}")
+                await self._cancel(self.abort.error or f"cancelled: {self.abort.reason}")
             for task in self.tasks:  # requests never raise: an exception here is a bug, say so
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise RuntimeError(f"load generator task failed: {task.exception()!r}") from task.exception()
@@ -235,6 +270,8 @@ class _Run:
                 deadline_handle.cancel()
             if watcher is not None:
                 watcher.cancel()
+            if monitor is not None:
+                monitor.cancel()
             await self._cancel("cancelled: load generator interrupted")  # a no-op unless interrupted
 
     def _may_send(self) -> bool:
@@ -252,8 +289,16 @@ class _Run:
         return rec, body
 
     async def _request(self, rec: RequestRecord, body: bytes) -> None:
-        await stream_completion(self.session, self.gen.url, body, rec, self.gen.request_timeout_s)
+        await stream_completion(self.session, self.url, body, rec, self.gen.request_timeout_s)
         self.inflight.discard(rec)  # not reached when cancelled: _cancel marks what is left
+        if self.monitor is not None:
+            self.monitor.on_finished(rec)
+
+    def _held_back(self, now_ns: int) -> float:
+        """Arrivals already due that a concurrency cap keeps in the client (about rate x wait)."""
+        if self.held_since_ns is None or self.lp.request_rate is None:
+            return 0.0
+        return max(0.0, (now_ns - self.held_since_ns) / 1e9 * self.lp.request_rate)
 
     async def _worker(self) -> None:
         freed_ns = self.start_ns
@@ -275,7 +320,9 @@ class _Run:
                 return
             scheduled_ns = arrival_ns
             if slots is not None:
+                self.held_since_ns = arrival_ns
                 freed_ns = await slots.acquire(self.send_until_ns, self.abort)
+                self.held_since_ns = None
                 if freed_ns is None:
                     return
                 if not self._may_send():
@@ -344,7 +391,8 @@ class LoadResult:
 
     ``window_s`` runs from the first send to the last end of the measured requests (errors and
     cancellations included) and is always positive (1 ns when nothing was sent).
-    ``stopped_early`` is ``"trial deadline reached"``, ``"stopped by daemon"`` or None.
+    ``stopped_early`` is ``"trial deadline reached"``, ``"stopped by daemon"``, a stop condition's
+    reason (``"over-saturation: ..."``, ``"error budget: ..."``) or None.
     ``offered_rate`` is the load point's ``request_rate`` (None for a closed loop).
     """
 
@@ -357,16 +405,19 @@ class LoadResult:
 
 
 class LoadGenerator:
-    """A streaming completions client of one server, driven by load points.
+    """A streaming completions and chat client of one server, driven by load points.
 
     Use it as ``async with LoadGenerator(...) as gen:`` to share one HTTP session (and its
     keep-alive connections) between :meth:`warmup` and :meth:`measure`; outside such a block each
     call opens and closes its own session. One event loop at a time.
 
     Args:
-        base_url: the server root, e.g. ``http://127.0.0.1:8000`` (``/v1/completions`` is appended).
+        base_url: the server root, e.g. ``http://127.0.0.1:8000`` (``/v1/completions`` or
+            ``/v1/chat/completions`` is appended).
         served_name: the ``model`` field of every request (vLLM's ``--served-model-name``).
         vocab_size: prompts draw token ids from ``[10, vocab_size)``.
+        tokenizer_path: the model's ``tokenizer.json``, for load points that need it (see
+            :func:`daemon.workload.needs_tokenizer`); without it those raise :class:`WorkloadError`.
         request_timeout_s: limit on one request, send to end of stream.
         drain_timeout_s: after a ``duration_s`` window ends, how long requests in flight may still
             finish before they are cancelled.
@@ -380,16 +431,22 @@ class LoadGenerator:
         request_timeout_s: float = 600.0,
         *,
         drain_timeout_s: float = 60.0,
+        api_key: str | None = None,
+        tokenizer_path: str | None = None,
     ) -> None:
         if vocab_size <= MIN_TOKEN_ID:
             raise ValueError(f"vocab_size must exceed {MIN_TOKEN_ID}, got {vocab_size}")
         if request_timeout_s <= 0 or drain_timeout_s < 0:
             raise ValueError("request_timeout_s must be positive and drain_timeout_s not negative")
         self.url = base_url.rstrip("/") + "/v1/completions"
+        self.chat_url = base_url.rstrip("/") + "/v1/chat/completions"
+        self.tokenizer_path = tokenizer_path
         self.served_name = served_name
         self.vocab_size = vocab_size
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        # Sent as "Authorization: Bearer ..." on every request (an endpoint servetune did not start).
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> LoadGenerator:
@@ -412,7 +469,7 @@ class LoadGenerator:
         # limit=0: the load point's concurrency is the only cap; the pool must never queue requests.
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=min(30.0, self.request_timeout_s))
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, headers=self._auth)
 
     @asynccontextmanager
     async def _session_scope(self) -> AsyncIterator[aiohttp.ClientSession]:
@@ -424,6 +481,32 @@ class LoadGenerator:
             yield session
         finally:
             await session.close()
+
+    def planned_requests(self, lp: LoadPoint, *, warmup: bool = False) -> Iterator[PlannedRequest]:
+        """``lp``'s requests in send order (:func:`daemon.workload.iter_requests`), loading the
+        tokenizer and the file dataset it needs. Raises :class:`WorkloadError` (a
+        :class:`~daemon.datasets.DatasetError` for the file: missing, changed, unparsable)."""
+        tokenizer: HFTokenizer | None = None
+        if needs_tokenizer(lp):
+            if self.tokenizer_path is None:
+                raise WorkloadError(f"load point {lp.name!r} needs the model's tokenizer.json; none on this node")
+            tokenizer = load_tokenizer(self.tokenizer_path)
+        prompts: list[DatasetPrompt] | None = None
+        if isinstance(lp.dataset, FileDataset):
+            prompts = load_prompts(lp.dataset, tokenizer)
+        return iter_requests(lp, self.vocab_size, tokenizer, warmup=warmup, prompts=prompts)
+
+    def request_body(self, req: PlannedRequest, endpoint: str = "completions") -> bytes:
+        """The JSON body of one planned request: exactly ``req.output_len`` tokens, streamed, greedy,
+        usage in the last chunk. Chat sends the prompt text as the one user message."""
+        body: dict[str, Any] = {"model": self.served_name}
+        if endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": req.prompt_text}]
+        else:
+            body["prompt"] = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
+        body.update(max_tokens=req.output_len, min_tokens=req.output_len, ignore_eos=True, temperature=0,
+                    stream=True, stream_options={"include_usage": True})
+        return json.dumps(body, separators=(",", ":")).encode()
 
     def body(self, prompt: list[int], output_len: int) -> bytes:
         """The JSON request body for one prompt: exactly ``output_len`` tokens, streamed, greedy."""
@@ -508,6 +591,8 @@ def run_load_point(
     *,
     request_timeout_s: float = 600.0,
     drain_timeout_s: float = 60.0,
+    api_key: str | None = None,
+    tokenizer_path: str | None = None,
 ) -> tuple[list[RequestSample], LoadResult]:
     """Warm up, call ``on_measure_start()``, measure: one fresh event loop on the calling thread.
 
@@ -527,7 +612,8 @@ def run_load_point(
 
     async def main() -> tuple[list[RequestSample], LoadResult]:
         gen = LoadGenerator(
-            base_url, served_name, vocab_size, request_timeout_s=request_timeout_s, drain_timeout_s=drain_timeout_s
+            base_url, served_name, vocab_size, request_timeout_s=request_timeout_s, drain_timeout_s=drain_timeout_s,
+            api_key=api_key, tokenizer_path=tokenizer_path,
         )
         async with gen:
             warm = await gen.warmup(lp, deadline_s=remaining_s(), stop=stop)

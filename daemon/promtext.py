@@ -132,11 +132,19 @@ def parse_line(line: str) -> Sample | None:
     return Sample(name=name, value=value, labels=labels)
 
 
-def parse_samples(text: str, *, strict: bool = False) -> list[Sample]:
+def parse_samples(text: str, *, strict: bool = False, names: Collection[str] | None = None) -> list[Sample]:
     """Every sample in an exposition, in order. Malformed lines are skipped (logged at debug)
-    unless ``strict``, in which case :class:`PromTextError` names the line number."""
+    unless ``strict``, in which case :class:`PromTextError` names the line number.
+
+    ``names``: keep only samples of these metric names, and parse only the lines that start with
+    one of them (a cheap string test), so a poller that wants a few metrics of a large exposition
+    (vLLM's is about 600 lines) spends a fraction of the time and holds the GIL that much less.
+    """
     samples: list[Sample] = []
+    prefixes = tuple(names) if names is not None else None
     for number, line in enumerate(text.splitlines(), start=1):
+        if prefixes is not None and not line.startswith(prefixes):
+            continue
         try:
             sample = parse_line(line)
         except PromTextError as exc:
@@ -144,7 +152,7 @@ def parse_samples(text: str, *, strict: bool = False) -> list[Sample]:
                 raise PromTextError(f"line {number}: {exc}") from None
             log.debug("skipping unparseable metrics line %d: %s", number, exc)
             continue
-        if sample is not None:
+        if sample is not None and (names is None or sample.name in names):
             samples.append(sample)
     return samples
 

@@ -17,7 +17,6 @@ the server (see the ``PR_SET_PDEATHSIG`` note in :func:`_child_setup`).
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
@@ -30,7 +29,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
-from daemon import promtext
+from daemon.endpoint import (
+    COUNTER_METRICS,
+    GAUGE_METRICS,
+    Endpoint,
+    ServerRequestError,
+)
 from daemon.procs import (
     _child_setup,
     _client_host,
@@ -40,7 +44,7 @@ from daemon.procs import (
     omp_bind_value,
     process_group_alive,
 )
-from daemon.serverlog import _clip, classify_failure, parse_kv_cache
+from daemon.serverlog import classify_failure, parse_kv_cache
 from servetune.errors import ServetuneError
 from servetune.manifest import EngineConfig
 from servetune.result import ServerInfo
@@ -57,26 +61,6 @@ _TAIL_READ_BYTES = 256 * 1024
 _HEAD_READ_BYTES = 4 * 1024 * 1024
 _HEALTH_REQUEST_TIMEOUT_S = 2.0
 _HEALTH_POLL_S = 0.5
-
-#: ``vllm:request_success_total`` finish reasons that count as a served request.
-OK_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "repetition"})
-
-#: ``counters()`` key -> vLLM /metrics sample name (summed over label sets).
-COUNTER_METRICS: dict[str, str] = {
-    "request_success_total": "vllm:request_success_total",
-    "generation_tokens_total": "vllm:generation_tokens_total",
-    "prompt_tokens_total": "vllm:prompt_tokens_total",
-    "num_preemptions_total": "vllm:num_preemptions_total",
-    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
-    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
-}
-#: ``gauges()`` key -> vLLM /metrics sample name.
-GAUGE_METRICS: dict[str, str] = {
-    "num_requests_running": "vllm:num_requests_running",
-    "num_requests_waiting": "vllm:num_requests_waiting",
-    "kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
-}
-
 
 class ServerStartError(ServetuneError):
     """A vLLM server exited or was not ready before its deadline.
@@ -126,14 +110,10 @@ def _rebuild_start_error(reason: str, kwargs: dict[str, Any]) -> ServerStartErro
     return ServerStartError(reason, **kwargs)
 
 
-class ServerRequestError(ServetuneError):
-    """An HTTP request to a running server failed (connection error, timeout or bad status)."""
-
-
 # --------------------------------------------------------------------------- the server
 
 
-class VLLMServer:
+class VLLMServer(Endpoint):
     """One vLLM OpenAI API server process: argv, environment, start, metrics, stop.
 
     Args:
@@ -176,6 +156,10 @@ class VLLMServer:
         self.access_log = access_log
         self.server_cpus = self._check_cpus(server_cpus)
         self.port = free_port(host)
+        client_host = _client_host(host)
+        self.configure_endpoint(
+            f"http://[{client_host}]:{self.port}" if ":" in client_host else f"http://{client_host}:{self.port}"
+        )
         self._argv = self._build_argv()
         self._env_overrides = self._build_env_overrides()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -248,11 +232,6 @@ class VLLMServer:
         env = dict(os.environ)
         env.update(self._env_overrides)
         return env
-
-    @property
-    def base_url(self) -> str:
-        host = _client_host(self.host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -451,102 +430,6 @@ class VLLMServer:
         text = self._read_log(_TAIL_READ_BYTES, from_end=True)
         return "\n".join(text.splitlines()[-lines:])
 
-    # ------------------------------------------------------------------ HTTP
-
-    def _request(self, method: str, path: str, timeout_s: float, body: bytes | None = None) -> tuple[int, bytes]:
-        """One HTTP request with a deadline. Raises :class:`ServerRequestError` on connection errors."""
-        conn = http.client.HTTPConnection(_client_host(self.host), self.port, timeout=max(0.05, timeout_s))
-        try:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise ServerRequestError(f"{method} {self.base_url}{path} failed: {exc}") from exc
-        finally:
-            conn.close()
-
-    def _health(self, timeout_s: float) -> bool:
-        try:
-            status, _ = self._request("GET", "/health", timeout_s)
-        except ServerRequestError:
-            return False
-        return status == 200
-
-    def scrape_samples(self, timeout_s: float = 5) -> list[promtext.Sample]:
-        """Every sample of ``GET /metrics``. Raises :class:`ServerRequestError`."""
-        status, body = self._request("GET", "/metrics", timeout_s)
-        if status != 200:
-            raise ServerRequestError(f"GET {self.base_url}/metrics answered {status}")
-        return promtext.parse_samples(body.decode("utf-8", "replace"))
-
-    def scrape_metrics(self, timeout_s: float = 5) -> dict[str, float]:
-        """``GET /metrics`` as ``{metric: sum over label sets}``. Raises :class:`ServerRequestError`."""
-        return promtext.totals(self.scrape_samples(timeout_s))
-
-    def counters(self, timeout_s: float = 5) -> dict[str, float]:
-        """vLLM's cumulative counters, under the keys of :data:`COUNTER_METRICS` plus
-        ``request_success_ok`` (finish reasons stop, length, repetition). Subtract two readings for a
-        window's deltas. A counter this vLLM does not export is left out. Raises :class:`ServerRequestError`."""
-        samples = self.scrape_samples(timeout_s)
-        out = _select_all(samples, COUNTER_METRICS)
-        ok = promtext.select(samples, "vllm:request_success_total", {"finished_reason": OK_FINISH_REASONS})
-        if ok is not None:
-            out["request_success_ok"] = ok
-        return out
-
-    def gauges(self, timeout_s: float = 5) -> dict[str, float]:
-        """Current queue and KV-cache gauges (keys of :data:`GAUGE_METRICS`). Raises :class:`ServerRequestError`."""
-        return _select_all(self.scrape_samples(timeout_s), GAUGE_METRICS)
-
-    def wait_idle(self, timeout_s: float, poll_s: float = 0.2) -> bool:
-        """Wait until no request is running or waiting. False at the deadline or if the server died."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if not self.is_alive():
-                return False
-            remaining = deadline - time.monotonic()
-            try:
-                gauges = self.gauges(timeout_s=max(0.1, min(5.0, remaining)))
-            except ServerRequestError as exc:
-                log.debug("metrics scrape failed while waiting for idle: %s", exc)
-            else:
-                if gauges.get("num_requests_running", 0.0) + gauges.get("num_requests_waiting", 0.0) == 0:
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-
-    def reset_prefix_cache(self, timeout_s: float = 10) -> bool:
-        """``POST /reset_prefix_cache``, retried until the deadline while vLLM answers
-        ``success: false`` (blocks still held by running requests). Logs a warning on failure."""
-        deadline = time.monotonic() + timeout_s
-        problem = "no attempt"
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                status, body = self._request("POST", "/reset_prefix_cache", max(0.1, min(5.0, remaining)))
-            except ServerRequestError as exc:
-                problem = str(exc)
-            else:
-                if status == 200:
-                    try:
-                        success = bool(json.loads(body or b"{}").get("success", True))
-                    except (ValueError, AttributeError):
-                        success = True  # older vLLM answers 200 with an empty body
-                    if success:
-                        return True
-                    problem = "vLLM answered success=false (blocks still in use)"
-                else:
-                    problem = f"HTTP {status}: {_clip(body.decode('utf-8', 'replace'), 200)}"
-                    if status == 404:
-                        break  # VLLM_SERVER_DEV_MODE is off: retrying will not help
-            if time.monotonic() >= deadline or not self.is_alive():
-                break
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        log.warning("could not reset the prefix cache of %s: %s", self.base_url, problem)
-        return False
-
 
 __all__ = [
     "COUNTER_METRICS",
@@ -562,13 +445,3 @@ __all__ = [
     "parse_kv_cache",
     "process_group_alive",
 ]
-
-
-def _select_all(samples: list[promtext.Sample], names: dict[str, str]) -> dict[str, float]:
-    """``{key: value}`` for each ``key -> metric name`` that the samples have (absent ones left out)."""
-    out: dict[str, float] = {}
-    for key, name in names.items():
-        value = promtext.select(samples, name)
-        if value is not None:
-            out[key] = value
-    return out

@@ -3,6 +3,10 @@
 :class:`RequestRecord` accounts each ``data:`` payload as it arrives (a chunk with a choice is a
 token arrival even when its text is empty; ``usage`` gives the token counts; an ``error`` object
 marks the request failed) and becomes a :class:`~servetune.result.RequestSample` at the end.
+Both endpoints stream this way: completions chunks carry ``choices[0].text``, chat chunks
+``choices[0].delta``. A chat stream opens with a chunk announcing the role
+(``"delta": {"role": "assistant", "content": ""}``, vLLM 0.32 and OpenAI alike), which is not a
+token; vLLM sends it just before the first token's chunk.
 """
 
 from __future__ import annotations
@@ -52,7 +56,21 @@ def exc_text(exc: BaseException) -> str:
 
 #: A vLLM token chunk (compact JSON) can be counted without parsing it; anything else is parsed.
 _TOKEN_MARK = b'"choices":[{'
-_PARSE_MARKS = (b'"usage":{', b'"error"')
+_PARSE_MARKS = (b'"usage":{', b'"error"', b'"role"')
+
+
+def _carries_token(choices: object) -> bool:
+    """Whether a chunk's ``choices`` report generated output: any choice of a completion; a chat
+    ``delta`` unless it only announces the role."""
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict) or "role" not in delta:
+            return True
+        if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")):
+            return True
+    return False
 
 
 @dataclass(eq=False)
@@ -74,8 +92,9 @@ class RequestRecord:
     def on_payload(self, payload: bytes, now_ns: int) -> None:
         """Account one ``data:`` payload that arrived at ``now_ns``.
 
-        A chunk with a non-empty ``choices`` list counts as a token arrival (its text may be empty);
-        ``usage`` gives the token counts; an ``error`` object marks the request failed.
+        A chunk with a non-empty ``choices`` list counts as a token arrival (its text may be empty),
+        except a chat chunk whose delta only announces the role; ``usage`` gives the token counts;
+        an ``error`` object marks the request failed.
         """
         if self.done:
             return
@@ -101,7 +120,7 @@ class RequestRecord:
             if self.error is None:
                 self.error = short_text(f"StreamError: {message}")
             return
-        if obj.get("choices"):
+        if _carries_token(obj.get("choices")):
             self._token(now_ns)
         usage = obj.get("usage")
         if isinstance(usage, dict):

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.canonical import sha256_json
-from servetune.spec import EngineArgs, ExperimentSpec, LoadPoint, ModelSpec
+from servetune.spec import DERIVED_MARK, EngineArgs, ExperimentSpec, LoadPoint, ModelSpec
 from servetune.tiny import tiny_identity
 
 MANIFEST_VERSION = 1
@@ -81,6 +81,7 @@ class TrialManifest(BaseModel):
     experiment: str
     model: dict[str, str]
     backend: str
+    target: str | None = Field(None, description="openai backend: the base URL of the endpoint measured")
     config_id: str
     engine: EngineConfig
     load_point: LoadPoint
@@ -89,7 +90,11 @@ class TrialManifest(BaseModel):
 
     @property
     def trial_id(self) -> str:
-        return sha256_json(self.model_dump(mode="json"))
+        """sha256 of the canonical manifest, leaving out where a dataset file lies on this machine
+        (its content is named by its sha256)."""
+        data = self.model_dump(mode="json")
+        data["load_point"]["dataset"].pop("path", None)
+        return sha256_json(data)
 
     @property
     def is_baseline(self) -> bool:
@@ -136,6 +141,8 @@ class Plan:
     randomized: bool = True
     seed: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: rate-sweep load point name -> how many follow-up rates each of its seed pairs adds
+    followup_rates: dict[str, int] = field(default_factory=dict)
 
     def trials(self) -> list[TrialManifest]:
         return [t for b in self.batches for t in b.trials]
@@ -144,11 +151,55 @@ class Plan:
         return {b.config_id: b.config for b in self.batches}
 
     def estimate_seconds(self, server_start_s: float = 50.0, per_trial_overhead_s: float = 3.0) -> float:
-        """Rough wall time: every batch starts a server, every trial runs its load point."""
+        """Rough wall time: every batch starts a server, every trial runs its load point; a rate
+        sweep adds a batch of its follow-up rates (decided at run time) per config."""
+        total = 0.0
+        for b in self.batches:
+            total += server_start_s + sum(t.load_point.expected_seconds() + per_trial_overhead_s for t in b.trials)
+            followups = self.followups_per_batch(b)
+            if followups:
+                per = b.trials[0].load_point.expected_seconds() + per_trial_overhead_s
+                total += server_start_s + followups * per
+        return total
+
+    def followups_per_batch(self, batch: PlannedBatch) -> int:
+        """How many follow-up rate trials this batch's rate sweeps will add (decided at run time)."""
         return sum(
-            server_start_s + sum(t.load_point.expected_seconds() + per_trial_overhead_s for t in b.trials)
-            for b in self.batches
+            self.followup_rates.get(sweep_parent(t.load_point.name) or "", 0)
+            for t in batch.trials
+            if t.load_point.name.endswith(DERIVED_MARK + "max")
         )
+
+
+def rate_sweep_seeds(lp: LoadPoint) -> list[LoadPoint]:
+    """The two load points a rate sweep starts with: ``@sync`` (one request at a time) and ``@max``."""
+    assert lp.rate_sweep is not None
+    base = lp.model_dump(exclude={"name", "rate_sweep", "arrival", "burstiness", "request_rate", "max_concurrency"})
+    base["stop"]["over_saturation"] = False  # closed loops: their concurrency bounds the queue
+    return [
+        LoadPoint(**base, name=f"{lp.name}{DERIVED_MARK}sync", max_concurrency=1),
+        LoadPoint(**base, name=f"{lp.name}{DERIVED_MARK}max", max_concurrency=lp.rate_sweep.max_concurrency),
+    ]
+
+
+def rate_sweep_rates(sync_rps: float, max_rps: float, n: int) -> list[float]:
+    """``n`` request rates evenly spaced strictly between the synchronous and the maximum
+    throughput (3 significant digits); none when the maximum is not above the synchronous."""
+    if not (max_rps > sync_rps > 0):
+        return []
+    step = (max_rps - sync_rps) / (n + 1)
+    return [float(f"{sync_rps + step * (i + 1):.3g}") for i in range(n)]
+
+
+def rate_sweep_followups(lp: LoadPoint, rates: list[float]) -> list[LoadPoint]:
+    """The follow-up load points of a rate sweep at ``rates`` (open loop, the sweep's arrival process)."""
+    base = lp.model_dump(exclude={"name", "rate_sweep", "request_rate", "max_concurrency"})
+    return [LoadPoint(**base, name=f"{lp.name}{DERIVED_MARK}{rate:g}rps", request_rate=rate) for rate in rates]
+
+
+def sweep_parent(name: str) -> str | None:
+    """The spec load point a derived (rate-sweep) load point name comes from, else None."""
+    return name.split(DERIVED_MARK, 1)[0] if DERIVED_MARK in name else None
 
 
 def plan_grid(spec: ExperimentSpec) -> Plan:
@@ -161,9 +212,10 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
     rng = random.Random(spec.planner.seed)
     ident = model_identity(spec.model)
     backend = spec.backend.kind
+    target = spec.backend.base_url
 
     def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeat: int, baseline_run: int | None) -> PlannedBatch:
-        lps = list(load_points)
+        lps = [seed for lp in load_points for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else [lp])]
         if spec.planner.randomize:
             rng.shuffle(lps)
         trials = tuple(
@@ -171,6 +223,7 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
                 experiment=spec.name,
                 model=ident,
                 backend=backend,
+                target=target,
                 config_id=config.config_id,
                 engine=config,
                 load_point=lp,
@@ -213,4 +266,5 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
         design="grid",
         randomized=spec.planner.randomize,
         seed=spec.planner.seed,
+        followup_rates={lp.name: lp.rate_sweep.num_rates for lp in spec.load_points if lp.rate_sweep},
     )

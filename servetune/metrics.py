@@ -11,12 +11,20 @@ Definitions, per successful measured request (warm-up excluded):
 - ITL = gaps between successive streamed chunks;
 - goodput = requests meeting every per-request SLO threshold / window;
 - SLO attainment = those requests / all measured requests (an error never meets an SLO).
+
+Cancelled requests (``error`` starting with ``"cancelled"``: the load generator ended them itself,
+at the end of a ``duration_s`` window or when a stop condition stopped the load point early) are
+neither requests nor errors here: the server did not fail them, the measurement ran out. They are
+counted apart as ``n_cancelled`` and left out of ``n_requests``, ``n_errors``, throughput, latency
+and SLO attainment, but they were sent, so the client self-check (achieved rate, scheduling lag)
+still counts them. A cancelled request that never went out (its ``send_ns`` is after its
+``end_ns``) is left out of the self-check too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +32,8 @@ from servetune.result import RequestSample
 from servetune.spec import SLO
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+#: Errors starting with this were cancellations by the load generator, not server failures.
+CANCELLED_PREFIX = "cancelled"
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
@@ -59,6 +69,7 @@ class TrialMetrics(BaseModel):
     n_requests: int
     n_completed: int
     n_errors: int
+    n_cancelled: int = Field(0, description="cancelled by the load generator (end of window, early stop); not in n_requests")
     duration_s: float
     total_input_tokens: int
     total_output_tokens: int
@@ -93,6 +104,11 @@ def per_request_latencies(s: RequestSample) -> dict[str, float | None]:
     return {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
 
 
+def is_cancelled(s: RequestSample) -> bool:
+    """The load generator cancelled this request itself (see the module docstring)."""
+    return s.error is not None and s.error.startswith(CANCELLED_PREFIX)
+
+
 def meets_slos(lat: dict[str, float | None], slos: Sequence[SLO]) -> bool:
     for slo in slos:
         value = lat.get(slo.metric)
@@ -124,7 +140,10 @@ def summarize(
     """
     if window_s <= 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
-    measured = [s for s in samples if not s.warmup]
+    sent = [s for s in samples if not s.warmup]
+    measured = [s for s in sent if not is_cancelled(s)]
+    n_cancelled = len(sent) - len(measured)
+    sent = [s for s in sent if not (is_cancelled(s) and s.send_ns > s.end_ns)]  # never went out
     ok = [s for s in measured if s.error is None]
     lats = [per_request_latencies(s) for s in ok]
     series: dict[str, list[float]] = {m: [] for m in LATENCY_METRICS}
@@ -147,9 +166,9 @@ def summarize(
         )
         for slo in slos
     ]
-    sends = sorted(s.send_ns for s in measured)
+    sends = sorted(s.send_ns for s in sent)
     achieved = (len(sends) - 1) / ((sends[-1] - sends[0]) / 1e9) if len(sends) > 1 and sends[-1] > sends[0] else None
-    lags = [(s.send_ns - s.scheduled_ns) / 1e6 for s in measured]
+    lags = [(s.send_ns - s.scheduled_ns) / 1e6 for s in sent]
     lag_p99 = _finite(quantile(lags, 0.99)) if lags else None
     fell_behind = bool(
         (lag_p99 is not None and lag_p99 > lag_tolerance_ms)
@@ -166,6 +185,7 @@ def summarize(
         n_requests=len(measured),
         n_completed=len(ok),
         n_errors=len(measured) - len(ok),
+        n_cancelled=n_cancelled,
         duration_s=window_s,
         total_input_tokens=in_tokens,
         total_output_tokens=out_tokens,
@@ -193,3 +213,34 @@ def summarize(
 
 def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
+
+
+def server_summary(series: Sequence[Mapping[str, float]], counter_deltas: Mapping[str, float]) -> dict[str, float | None]:
+    """A few numbers from a trial's server-side metrics (None where the server did not say).
+
+    ``server_max_running`` / ``server_max_waiting``: the most requests vLLM ran / queued at any
+    scrape; ``server_max_kv_cache_usage``: the highest KV-cache usage (a fraction, 0-1);
+    ``server_preemptions_delta``: preemptions over the measurement and drain;
+    ``server_prefix_cache_hit_rate``: prefix-cache hits / queries (tokens) over the same span.
+    Deltas come from ``counter_deltas`` (the readings before and after), else from the first and
+    last points of ``series``.
+    """
+
+    def peak(key: str) -> float | None:
+        values = [p[key] for p in series if key in p and not math.isnan(p[key])]
+        return max(values) if values else None
+
+    def delta(key: str) -> float | None:
+        if key in counter_deltas:
+            return float(counter_deltas[key])
+        points = [p[key] for p in series if key in p]
+        return points[-1] - points[0] if len(points) > 1 else None
+
+    hits, queries = delta("prefix_cache_hits_total"), delta("prefix_cache_queries_total")
+    return {
+        "server_max_running": peak("num_requests_running"),
+        "server_max_waiting": peak("num_requests_waiting"),
+        "server_max_kv_cache_usage": peak("kv_cache_usage_perc"),
+        "server_preemptions_delta": delta("num_preemptions_total"),
+        "server_prefix_cache_hit_rate": hits / queries if hits is not None and queries else None,
+    }

@@ -5,6 +5,10 @@ Per load point, each engine config gets one row: the median of its repeats' per-
 ``require_slos`` those that meet every SLO rank before those that miss one; then the objective,
 highest first. Baseline re-runs are drift controls and are left out of the ranking.
 
+A row also carries what its ok trials were flagged with (:attr:`RankedConfig.flags`): a load point
+stopped early by a stop condition (its metrics cover what ran) and a client that fell behind its
+arrival schedule (its figures understate what the server can do). Flags never change the rank.
+
 The full analysis (uncertainty, distinguishability, other policies) lives in ``analysis``.
 """
 
@@ -45,12 +49,34 @@ class RankedConfig:
     values: dict[str, float | None] = field(default_factory=dict)
     slos_met: bool | None = None
     failure: str | None = None
+    stopped_early: list[str] = field(default_factory=list)
+    n_fell_behind: int = 0
 
     @property
     def status(self) -> str:
         if self.n_ok:
             return "ok"
         return "failed" if self.n_failed else "hole"
+
+    @property
+    def flags(self) -> list[str]:
+        """Short notes for the table, e.g. ``stopped early: over-saturation``, ``client fell behind (1 of 3)``."""
+
+        def of(n: int) -> str:
+            return "" if n == self.n_ok else f" ({n} of {self.n_ok})"
+
+        out = []
+        if self.stopped_early:
+            kinds = sorted({short_reason(r) for r in self.stopped_early})
+            out.append(f"stopped early{of(len(self.stopped_early))}: {', '.join(kinds)}")
+        if self.n_fell_behind:
+            out.append(f"client fell behind{of(self.n_fell_behind)}")
+        return out
+
+
+def short_reason(reason: str) -> str:
+    """The kind of a stop reason: ``"over-saturation: in-flight grew ..."`` -> ``"over-saturation"``."""
+    return reason.split(":", 1)[0].strip()
 
 
 def _median(xs: Iterable[Any]) -> float | None:
@@ -115,6 +141,8 @@ def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, lis
                     values=values,
                     slos_met=slos_met,
                     failure=failure,
+                    stopped_early=[str(t.metrics["stopped_early"]) for t in ok if t.metrics.get("stopped_early")],
+                    n_fell_behind=sum(1 for t in ok if t.metrics.get("client_fell_behind")),
                 )
             )
 

@@ -64,7 +64,11 @@ class RequestSample(_Model):
     token_ns: list[int] = Field(default_factory=list, description="arrival of every streamed chunk")
     prompt_tokens: int | None = None
     output_tokens: int | None = None
-    error: str | None = Field(None, description="error class and short message; None when ok")
+    error: str | None = Field(
+        None,
+        description="error class and short message; None when ok. 'cancelled...' when the load generator "
+        "ended it itself (end of window, early stop, deadline): not a server error",
+    )
 
 
 class ServerInfo(_Model):
@@ -97,6 +101,12 @@ class TrialOutcome(_Model):
     server: ServerInfo | None = None
     server_counters: dict[str, float] = Field(
         default_factory=dict, description="deltas of vLLM /metrics counters over the measurement window"
+    )
+    server_series: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="the server's /metrics read about every 0.5 s from the start of the measurement until the "
+        "server drained: each point has t_ns (monotonic ns on the daemon's clock, as the samples) and the gauges "
+        "and cumulative counters read (daemon.scrape); empty when the server has no /metrics",
     )
     fingerprint: Fingerprint | None = None
     started_at_us: int

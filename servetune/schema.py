@@ -10,16 +10,25 @@ Coordinates on ``trial``
     ``repeat``, ``status`` (ok / failed / hole), ``failure_kind`` ("" when none), ``is_baseline``,
     ``baseline_run`` (-1 when not a baseline), ``started_at`` (int64 microseconds since the epoch,
     0 for a hole), ``hardware_class``, ``backend``, ``spec_hash`` (the spec that first planned the
-    trial), ``in_current_spec``, ``stopped_early`` and ``client_fell_behind``, the load point's
-    ``request_rate``/``max_concurrency``/``input_len``/``output_len`` (NaN when unset), and one
+    trial), ``in_current_spec``, ``stopped_early`` ("" or why a stop condition ended the load point
+    early: the trial is still ok, its metrics cover what ran) and ``client_fell_behind``, the load point's
+    ``request_rate``/``max_concurrency`` (NaN when unset), ``input_len``/``output_len`` (mean
+    tokens of the load point's distributions; NaN for file datasets), ``dataset`` (random /
+    shared_prefix / sharegpt / jsonl), ``dataset_sha256`` (file datasets), ``endpoint``
+    (completions / chat), ``arrival`` (poisson / constant / gamma / closed-loop) and
+    ``burstiness``, and one
     ``param_<name>`` coordinate per engine arg or ``param_env.<NAME>`` per environment variable
     set in any config (NaN or "" where a config leaves it to vLLM's default).
 Variables on ``trial``
     ``request_throughput``, ``output_throughput``, ``total_token_throughput``, ``request_goodput``,
-    ``n_requests``, ``n_completed``, ``n_errors``, ``duration_s``, ``total_input_tokens``,
+    ``n_requests``, ``n_completed``, ``n_errors``, ``n_cancelled`` (requests the load generator
+    cancelled itself: end of window, early stop; not in ``n_requests``), ``duration_s``, ``total_input_tokens``,
     ``total_output_tokens``, ``slo_attainment``, ``slos_met`` (1/0/NaN), ``achieved_rate``,
     ``offered_rate``, ``sched_lag_p99_ms``, ``server_requests_delta``,
-    ``server_generation_tokens_delta``, ``kv_cache_tokens``, ``server_startup_s``, and
+    ``server_generation_tokens_delta``, ``kv_cache_tokens``, ``server_startup_s``, the summary of the
+    server-metric series (``server_max_running``, ``server_max_waiting``,
+    ``server_max_kv_cache_usage`` (0-1), ``server_preemptions_delta``,
+    ``server_prefix_cache_hit_rate``; see ``servetune.metrics.server_summary``), and
     ``mean_ttft_ms``, ``mean_tpot_ms``, ``mean_itl_ms``, ``mean_e2el_ms``.
 Variables on ``trial x quantile``
     ``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``.
@@ -29,7 +38,8 @@ Attributes
     ``model`` (JSON identity), ``created_at``, ``swept_parameters`` (JSON list), ``slos`` (JSON).
 
 Per-request samples and server-metric time series are per-trial artifacts under
-``results/<trial_id>/``, not dataset variables.
+``results/<trial_id>/`` (``outcome.samples`` and ``outcome.server_series`` of each attempt's
+result JSON), not dataset variables.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ SCALAR_VARIABLES: tuple[str, ...] = (
     "n_requests",
     "n_completed",
     "n_errors",
+    "n_cancelled",
     "duration_s",
     "total_input_tokens",
     "total_output_tokens",
@@ -58,6 +69,11 @@ SCALAR_VARIABLES: tuple[str, ...] = (
     "server_generation_tokens_delta",
     "kv_cache_tokens",
     "server_startup_s",
+    "server_max_running",
+    "server_max_waiting",
+    "server_max_kv_cache_usage",
+    "server_preemptions_delta",
+    "server_prefix_cache_hit_rate",
     "mean_ttft_ms",
     "mean_tpot_ms",
     "mean_itl_ms",

@@ -32,7 +32,9 @@ from pydantic import (
 
 from servetune.errors import SpecError, SpecIssue
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$"
+#: Load point names with this character are made by rate sweeps (``name@sync``, ``name@max``, ``name@12.5rps``).
+DERIVED_MARK = "@"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -186,34 +188,179 @@ class EngineSpace(StrictModel):
         return out
 
 
+class LengthDist(StrictModel):
+    """A token-length distribution: ``fixed`` (``value``), ``uniform`` integers in [``min``, ``max``],
+    or ``normal`` (``mean``, ``std``) rounded and clipped to [``min``, ``max``] (min defaults to 1)."""
+
+    dist: Literal["fixed", "uniform", "normal"]
+    value: int | None = Field(None, ge=1, le=1_000_000)
+    min: int | None = Field(None, ge=1, le=1_000_000)
+    max: int | None = Field(None, ge=1, le=1_000_000)
+    mean: float | None = Field(None, gt=0, le=1_000_000)
+    std: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _fields(self) -> LengthDist:
+        need = {"fixed": ("value",), "uniform": ("min", "max"), "normal": ("mean", "std")}[self.dist]
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"dist {self.dist!r} needs {', '.join(missing)}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) > max ({self.max})")
+        return self
+
+    def upper(self) -> int:
+        """The largest length this distribution can produce (for max_model_len checks)."""
+        if self.dist == "fixed":
+            assert self.value is not None
+            return self.value
+        if self.max is not None:
+            return self.max
+        assert self.mean is not None and self.std is not None
+        return max(self.min or 1, int(round(self.mean + 6 * self.std)))
+
+    def expected(self) -> float:
+        if self.dist == "fixed":
+            assert self.value is not None
+            return float(self.value)
+        if self.dist == "uniform":
+            assert self.min is not None and self.max is not None
+            return (self.min + self.max) / 2
+        assert self.mean is not None
+        return self.mean
+
+
+Length = Annotated[int, Field(ge=1, le=1_000_000)] | LengthDist
+
+
+class RandomDataset(StrictModel):
+    """Random token ids (completions) or random vocabulary text (chat) of the load point's lengths."""
+
+    kind: Literal["random"] = "random"
+
+
+class SharedPrefixDataset(StrictModel):
+    """``num_prefixes`` random prefixes of ``prefix_len`` tokens, each followed by
+    ``suffixes_per_prefix`` different random suffixes (the load point's ``input_len``): the
+    workload prefix caching is for. Requests cycle through the prefixes."""
+
+    kind: Literal["shared_prefix"]
+    num_prefixes: int = Field(ge=1, le=100_000)
+    suffixes_per_prefix: int = Field(ge=1, le=100_000)
+    prefix_len: int = Field(ge=1, le=1_000_000)
+
+
+class FileDataset(StrictModel):
+    """Prompts from a file: ``sharegpt`` (a JSON list of ``{"conversations": [{"from", "value"}...]}``,
+    first human turn as prompt, the next turn's length as output length) or ``jsonl`` (one
+    ``{"prompt": str, "output_len": int}`` per line). The file's sha256 is part of every trial id."""
+
+    kind: Literal["sharegpt", "jsonl"]
+    path: str
+    sha256: str | None = Field(None, description="filled in by the coordinator; a mismatch on the node is refused")
+    max_input_len: int | None = Field(None, ge=1, description="skip prompts longer than this (tokens)")
+    output_len_from: Literal["dataset", "load_point"] = "dataset"
+
+
+Dataset = Annotated[Union[RandomDataset, SharedPrefixDataset, FileDataset], Field(discriminator="kind")]
+
+
+class StopConditions(StrictModel):
+    """Ending a load point early. A load point stopped early is still a result (status ok, with
+    ``stopped_early`` saying why, and metrics over what ran)."""
+
+    max_errors: int | None = Field(None, ge=1, description="stop after this many failed requests")
+    max_error_rate: float | None = Field(None, gt=0, le=1, description="stop when errors / finished exceeds this")
+    min_requests_for_rate: int = Field(20, ge=1, description="finished requests before max_error_rate applies")
+    over_saturation: bool = Field(False, description="stop when the queue keeps growing and TTFT keeps rising")
+    saturation_window_s: float = Field(5.0, gt=0, le=3600)
+
+
+class RateSweep(StrictModel):
+    """Find the rates worth measuring: first a synchronous load point (one request at a time,
+    ``<name>@sync``) and a maximum-throughput one (every request at once, ``<name>@max``), then
+    ``num_rates`` evenly spaced request rates strictly between their request throughputs
+    (``<name>@<rate>rps``), each a new trial whose manifest is made when the two are known."""
+
+    num_rates: int = Field(ge=1, le=50)
+    max_concurrency: int = Field(256, ge=1, le=100_000, description="the @max load point's cap on requests in flight")
+
+
 class LoadPoint(StrictModel):
-    """What varies against one running server: arrival, request count or duration, lengths."""
+    """What varies against one running server: arrival, request count or duration, lengths, dataset."""
 
     name: Name
     request_rate: float | None = Field(None, gt=0, description="requests/s; omit for as fast as max_concurrency allows")
     max_concurrency: int | None = Field(None, ge=1, description="cap on requests in flight (closed loop when alone)")
-    arrival: Literal["poisson", "constant"] = "poisson"
+    arrival: Literal["poisson", "constant", "gamma"] = "poisson"
+    burstiness: float = Field(1.0, gt=0, le=1000, description="gamma shape (1 = Poisson; < 1 burstier, > 1 steadier)")
     num_requests: int | None = Field(None, ge=1, le=1_000_000)
     duration_s: float | None = Field(None, gt=0, le=86_400)
-    input_len: int = Field(128, ge=1, le=1_000_000)
-    output_len: int = Field(64, ge=1, le=1_000_000)
+    input_len: Length = 128
+    output_len: Length = 64
+    dataset: Dataset = Field(default_factory=RandomDataset)
+    endpoint: Literal["completions", "chat"] = "completions"
     warmup_requests: int = Field(0, ge=0, le=100_000)
+    stop: StopConditions = Field(default_factory=StopConditions)
+    rate_sweep: RateSweep | None = None
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _complete(self) -> LoadPoint:
-        if self.request_rate is None and self.max_concurrency is None:
-            raise ValueError("set request_rate, max_concurrency, or both")
+        if self.rate_sweep is not None:
+            if self.request_rate is not None or self.max_concurrency is not None:
+                raise ValueError("a rate_sweep sets request_rate and max_concurrency itself: leave them out")
+        elif self.request_rate is None and self.max_concurrency is None:
+            raise ValueError("set request_rate, max_concurrency, or both (or a rate_sweep)")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests, duration_s, or both (the first reached stops the load point)")
+        if self.stop.over_saturation and self.request_rate is None and self.rate_sweep is None:
+            raise ValueError("stop.over_saturation needs a request_rate (a closed loop's concurrency bounds its queue)")
+        if self.arrival == "gamma" and self.request_rate is None and self.rate_sweep is None:
+            raise ValueError("arrival 'gamma' needs a request_rate")
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise ValueError(f"burstiness applies to arrival 'gamma' only (arrival is {self.arrival!r})")
+        if isinstance(self.dataset, SharedPrefixDataset) and self.dataset.prefix_len >= self.max_input_len():
+            raise ValueError(
+                f"dataset.prefix_len ({self.dataset.prefix_len}) must be below input_len ({self.max_input_len()}):"
+                " the suffix is what differs between requests"
+            )
         return self
+
+    def max_input_len(self) -> int:
+        return self.input_len if isinstance(self.input_len, int) else self.input_len.upper()
+
+    def max_output_len(self) -> int:
+        return self.output_len if isinstance(self.output_len, int) else self.output_len.upper()
+
+    def length_bounds(self) -> tuple[int, int] | None:
+        """Largest (input, output) tokens a request can have, where the spec alone says it (None
+        for a file dataset without ``max_input_len``, or whose output lengths come from the file)."""
+        if isinstance(self.dataset, FileDataset):
+            if self.dataset.max_input_len is None or self.dataset.output_len_from == "dataset":
+                return None
+            return self.dataset.max_input_len, self.max_output_len()
+        return self.max_input_len(), self.max_output_len()
+
+    def mean_lengths(self) -> tuple[float, float] | None:
+        """Mean (input, output) tokens, for the dataset's coordinates (None for file datasets)."""
+        if isinstance(self.dataset, FileDataset):
+            return None
+        mean_in = float(self.input_len) if isinstance(self.input_len, int) else self.input_len.expected()
+        return mean_in, self.mean_output_len()
+
+    def mean_output_len(self) -> float:
+        return float(self.output_len) if isinstance(self.output_len, int) else self.output_len.expected()
 
     def expected_seconds(self) -> float:
         """A rough length of the measurement, for plans and ETAs (seconds)."""
         if self.duration_s is not None and self.num_requests is None:
             return self.duration_s
         n = self.num_requests or 0
-        est = n / self.request_rate if self.request_rate else n * self.output_len * 0.004 / max(1, self.max_concurrency or 1) + 2.0
+        if self.request_rate:
+            est = n / self.request_rate
+        else:
+            est = n * self.mean_output_len() * 0.004 / max(1, self.max_concurrency or 1) + 2.0
         if self.duration_s is not None:
             est = min(est, self.duration_s)
         return est + self.warmup_requests * 0.5
@@ -265,13 +412,36 @@ class Budgets(StrictModel):
 
 
 class BackendSpec(StrictModel):
-    """How a node runs the server. ``python``/``launch`` let a node keep vLLM in its own environment."""
+    """What is measured.
 
-    kind: Literal["vllm"] = "vllm"
+    ``vllm``: the daemon starts vLLM for each engine config (``python``/``launch`` let a node keep
+    vLLM in its own environment or image). ``openai``: an OpenAI-compatible endpoint the user
+    already runs (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending
+    ``model.served_name`` as the model and the API key found in the node's environment variable
+    ``api_key_env``; servetune starts nothing, so the engine search space must be empty.
+    """
+
+    kind: Literal["vllm", "openai"] = "vllm"
     python: str | None = Field(None, description="interpreter with vLLM; default: the daemon's own")
     launch: list[str] | None = Field(
         None, min_length=1, description="command prefix replacing `PYTHON -m vllm.entrypoints.openai.api_server`"
     )
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")] | None = Field(
+        None, description="openai: the endpoint's base URL, e.g. http://10.0.0.7:8000 (without /v1)"
+    )
+    api_key_env: EnvName | None = Field(None, description="openai: environment variable holding the API key")
+    scrape_metrics: bool = Field(False, description="openai: also read <base_url>/metrics (a vLLM server)")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> BackendSpec:
+        if self.kind == "openai":
+            if not self.base_url:
+                raise ValueError("backend.base_url is required when backend.kind is 'openai'")
+            if self.python or self.launch:
+                raise ValueError("backend.python and backend.launch only apply to backend.kind 'vllm'")
+        elif self.base_url or self.api_key_env or self.scrape_metrics:
+            raise ValueError("backend.base_url, api_key_env and scrape_metrics only apply to backend.kind 'openai'")
+        return self
 
 
 class ExperimentSpec(StrictModel):
@@ -329,14 +499,47 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
             model_path = Path(os.path.expanduser(model["path"]))
             if not model_path.is_absolute():
                 data = {**data, "model": {**model, "path": str((base_dir / model_path).resolve())}}
+    file_issues: list[SpecIssue] = []
+    if base_dir is not None:
+        data, file_issues = _resolve_dataset_files(data, base_dir)
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(source, _issues_from_validation(exc)) from None
+        raise SpecError(source, file_issues + _issues_from_validation(exc)) from None
+    if file_issues:
+        raise SpecError(source, file_issues)
     issues = check_spec(spec)
     if issues:
         raise SpecError(source, issues)
     return spec
+
+
+def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], list[SpecIssue]]:
+    """Make file datasets' paths absolute and record each file's sha256 (checked if the spec gives one)."""
+    import hashlib
+
+    issues: list[SpecIssue] = []
+    points = data.get("load_points")
+    if not isinstance(points, list):
+        return data, issues
+    new_points = []
+    for i, lp in enumerate(points):
+        ds = lp.get("dataset") if isinstance(lp, dict) else None
+        if isinstance(ds, dict) and ds.get("kind") in ("sharegpt", "jsonl") and isinstance(ds.get("path"), str):
+            path = Path(os.path.expanduser(ds["path"]))
+            path = path if path.is_absolute() else (base_dir / path).resolve()
+            where = f"load_points[{i}].dataset.path"
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError as exc:
+                issues.append(SpecIssue(where, f"cannot read dataset file {path}: {exc.strerror or exc}"))
+                digest = None
+            if digest and ds.get("sha256") not in (None, digest):
+                issues.append(SpecIssue(f"load_points[{i}].dataset.sha256",
+                                        f"{path} has sha256 {digest}, not {ds['sha256']}"))
+            lp = {**lp, "dataset": {**ds, "path": str(path), **({"sha256": digest} if digest else {})}}
+        new_points.append(lp)
+    return {**data, "load_points": new_points}, issues
 
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
@@ -446,8 +649,20 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
             issues.append(SpecIssue("model.path", f"model folder does not exist: {p}"))
         elif not (p / "config.json").is_file():
             issues.append(SpecIssue("model.path", f"no config.json in model folder {p}"))
+    if spec.backend.kind == "openai":
+        engine = spec.engine
+        grid = typing.cast(BaseModel, engine.grid).model_dump(exclude_none=True)
+        if engine.fixed.model_dump(exclude_none=True) or grid or engine.configs or engine.env or engine.env_grid:
+            issues.append(SpecIssue("engine", "backend 'openai' measures a server servetune did not start: "
+                                              "engine args and env cannot be applied; leave `engine` out"))
+        if spec.baseline is not None:
+            issues.append(SpecIssue("baseline", "a baseline engine config needs backend 'vllm'"))
     names = [lp.name for lp in spec.load_points]
+    if DERIVED_MARK in spec.name:
+        issues.append(SpecIssue("name", f"{DERIVED_MARK!r} is not allowed in an experiment name"))
     for i, name in enumerate(names):
+        if DERIVED_MARK in name:
+            issues.append(SpecIssue(f"load_points[{i}].name", f"{DERIVED_MARK!r} is reserved for rate-sweep load points"))
         if names.index(name) != i:
             issues.append(SpecIssue(f"load_points[{i}].name", f"duplicate load point name {name!r}"))
     arch = model_architecture(spec.model)
@@ -472,11 +687,14 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if max_len is None:
             continue
         for i, lp in enumerate(spec.load_points):
-            if lp.input_len + lp.output_len > max_len:
+            bounds = lp.length_bounds()
+            if bounds is None:
+                continue  # lengths come from a file: the node skips prompts over dataset.max_input_len
+            if bounds[0] + bounds[1] > max_len:
                 issues.append(
                     SpecIssue(
                         f"load_points[{i}]",
-                        f"input_len + output_len ({lp.input_len} + {lp.output_len}) exceeds max_model_len "
+                        f"input_len + output_len ({bounds[0]} + {bounds[1]}) exceeds max_model_len "
                         f"({max_len}) of {where}: every request would be refused",
                     )
                 )

@@ -3,8 +3,9 @@
 Most tests run the load generator against a canned streaming server: this file run as a script
 (``python tests/test_loadgen.py --serve``) in its own process, so its timing does not share a GIL
 with the client. It streams an OpenAI-style completion with planted delays, chosen per test by a
-path prefix (``{url}/s/ttft=20,itl=5/v1/completions``), and records what it saw (receive times,
-chunk write times, in-flight counts) for ``GET /stats``. One test runs a real vLLM (CPU build)
+path prefix (``{url}/s/ttft=20,itl=5/v1/completions``; ``/v1/chat/completions`` streams chat chunks,
+opening with a role-only chunk as vLLM does), and records what it saw (receive times, chunk write
+times, in-flight counts) for ``GET /stats``. One test runs a real vLLM (CPU build)
 with the generated tiny model.
 """
 
@@ -40,6 +41,7 @@ from daemon.workload import MIN_TOKEN_ID, arrival_gaps, load_point_prompts
 from servetune.metrics import quantile, summarize
 from servetune.result import RequestSample
 from servetune.spec import LoadPoint
+from tests.stats import erlang_cdf, gamma_cdf, ks_statistic, mean_cv
 
 if TYPE_CHECKING:
     from daemon.server import VLLMServer
@@ -102,16 +104,18 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
         counted = True
         try:
             body = await request.json()
-            prompt = body["prompt"]
+            chat = "messages" in body
+            prompt = body["messages"][-1]["content"] if chat else body["prompt"]
             max_tokens = int(body["max_tokens"])
-            rec.update(key=key_of(prompt), prompt_len=len(prompt), max_tokens=max_tokens, body={
+            rec.update(key=key_of(prompt), prompt_len=len(prompt), max_tokens=max_tokens, chat=chat, body={
                 k: body.get(k) for k in ("model", "min_tokens", "ignore_eos", "stream", "stream_options", "temperature")})
             if cfg.get("fail") and n % int(cfg["fail"]) == 0:
                 rec["status"] = "fail"
                 return web.Response(status=500, text=f"boom {n}: internal server error")
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            t = recv + int(cfg.get("ttft", 0) * 1e6)
+            # slow=X: every request's TTFT is X ms longer than the one before (a server falling behind)
+            t = recv + int((cfg.get("ttft", 0) + cfg.get("slow", 0) * (n - 1)) * 1e6)
             itl = int(cfg.get("itl", 0) * 1e6)
             for k in range(max_tokens):
                 await sleep_until(t)
@@ -120,6 +124,14 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
                          "choices": [{"index": 0, "text": text, "logprobs": None,
                                       "finish_reason": "length" if k == max_tokens - 1 else None,
                                       "stop_reason": None}]}
+                if chat:
+                    chunk["object"] = "chat.completion.chunk"
+                    choice = chunk["choices"][0]
+                    del choice["text"]
+                    choice["delta"] = {"content": text}
+                    if k == 0:  # vLLM announces the role first, with empty content: not a token
+                        await resp.write(event({**chunk, "choices": [{**choice, "delta": {"role": "assistant",
+                                                                                          "content": ""}}]}))
                 data = event(chunk)
                 rec["chunk_ns"].append(time.monotonic_ns())  # just before the bytes go out
                 await resp.write(data)
@@ -142,6 +154,8 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
                                               "total_tokens": len(prompt) + max_tokens}}))
             await resp.write(b"data: [DONE]\n\n")
             rec["status"] = "ok"
+            state["served"] = state.get("served", 0) + 1  # cumulative, like vLLM's counters
+            state["tokens"] = state.get("tokens", 0) + max_tokens
             state["inflight"] -= 1  # the response is complete: no longer in flight
             counted = False
             await resp.write_eof()
@@ -161,12 +175,31 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
         reset()
         return web.json_response({"ok": True})
 
+    async def metrics(request: web.Request) -> web.Response:
+        """vLLM-style /metrics: requests in flight as running, a made-up KV-cache usage."""
+        running = state["inflight"]
+        return web.Response(text="\n".join([
+            "# TYPE vllm:num_requests_running gauge", f'vllm:num_requests_running{{model_name="canned"}} {running}',
+            'vllm:num_requests_waiting{model_name="canned"} 0',
+            f'vllm:kv_cache_usage_perc{{model_name="canned"}} {min(1.0, running / 100)}',
+            'vllm:num_preemptions_total{model_name="canned"} 0',
+            f'vllm:request_success_total{{finished_reason="length",model_name="canned"}} {state.get("served", 0)}',
+            f'vllm:generation_tokens_total{{model_name="canned"}} {state.get("tokens", 0)}', ""]))
+
+    async def reset_prefix_cache(request: web.Request) -> web.Response:
+        return web.json_response({"success": True})
+
     async def main() -> None:
         app = web.Application()
         app.router.add_post("/s/{scenario}/v1/completions", completions)
         app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/s/{scenario}/v1/chat/completions", completions)
+        app.router.add_post("/v1/chat/completions", completions)
         app.router.add_get("/stats", stats)
         app.router.add_post("/reset", do_reset)
+        app.router.add_get("/s/{scenario}/metrics", metrics)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_post("/s/{scenario}/reset_prefix_cache", reset_prefix_cache)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         sock = socket.socket()
@@ -484,6 +517,65 @@ def check_poisson_arrivals_seen_by_server(canned: Canned) -> None:
 @pytest.mark.timeout(120)
 def test_poisson_arrivals_seen_by_server(canned: Canned) -> None:
     timing_attempts(canned, check_poisson_arrivals_seen_by_server)
+
+
+def check_gamma_arrivals_seen_by_server(canned: Canned, burstiness: float, rate: float) -> None:
+    n = 200
+    lp = lp_(request_rate=rate, arrival="gamma", burstiness=burstiness, num_requests=n, output_len=2, seed=13)
+    res = measure(canned.url("ttft=1,itl=1"), lp)
+    assert all(s.error is None for s in res.samples)
+    recv = sorted(r["recv_ns"] for r in canned.wait_idle()["requests"])
+    gaps = [(b - a) / 1e9 for a, b in zip(recv, recv[1:])]
+    # the gamma CDF: Erlang's closed form for an integer shape, the incomplete-gamma series otherwise
+    cdf = erlang_cdf(int(burstiness), rate * burstiness) if burstiness.is_integer() else \
+        gamma_cdf(burstiness, 1 / (rate * burstiness))
+    assert ks_statistic(gaps, cdf) < ks_critical(len(gaps)), ks_statistic(gaps, cdf)
+    mean, cv = mean_cv(gaps)
+    assert abs(mean * rate - 1) < 0.25 and abs(cv * math.sqrt(burstiness) - 1) < 0.3, (mean, cv)
+    # the server saw the planned schedule, request by request
+    planned = arrival_gaps(lp)
+    offsets, t = [0.0], 0.0
+    for _ in range(n - 1):
+        t += next(planned)
+        offsets.append(t)
+    shift = [(r - recv[0]) / 1e6 - o * 1e3 for r, o in zip(recv, offsets)]
+    errs_ms = [abs(x - quantile(shift, 0.5)) for x in shift]
+    assert quantile(errs_ms, 0.5) < 1.0 and quantile(errs_ms, 0.95) < 5.0, errs_ms
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("burstiness", "rate"), [(2.0, 50.0), (4.0, 50.0), (0.5, 30.0)])
+def test_gamma_arrivals_seen_by_server(canned: Canned, burstiness: float, rate: float) -> None:
+    timing_attempts(canned, lambda c: check_gamma_arrivals_seen_by_server(c, burstiness, rate))
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from daemon.tiny_model import generate
+
+    return str(generate(tmp_path_factory.mktemp("tiny") / "m") / "tokenizer.json")
+
+
+def check_chat_stream_timing(canned: Canned, tokenizer_path: str) -> None:
+    ttft_ms, itl_ms, out = 15.0, 4.0, 10
+    lp = lp_(endpoint="chat", max_concurrency=2, num_requests=6, output_len=out, input_len=24)
+    warm, res = run_load_point(canned.url(f"ttft={ttft_ms},itl={itl_ms}"), "canned", VOCAB, lp, deadline_s=60,
+                               tokenizer_path=tokenizer_path)
+    assert len(res.samples) == 6 and all(s.error is None for s in res.samples)
+    server = canned.wait_idle()["requests"]
+    assert len(server) == 6 and all(r["chat"] and r["max_tokens"] == out for r in server)
+    assert server[0]["body"] == {"model": "canned", "min_tokens": out, "ignore_eos": True, "stream": True,
+                                 "stream_options": {"include_usage": True}, "temperature": 0}
+    for s in res.samples:
+        assert len(s.token_ns) == out and s.output_tokens == out  # the role chunk is not a token
+        assert ttft_ms <= (s.first_token_ns or 0) / 1e6 - s.send_ns / 1e6 < ttft_ms + 5
+    m = summarize(res.samples, res.window_s)
+    assert abs(m.mean_itl_ms - itl_ms) < 1.0, m.mean_itl_ms
+
+
+@pytest.mark.timeout(120)
+def test_chat_endpoint_streams_counted(canned: Canned, tiny_tokenizer: str) -> None:
+    timing_attempts(canned, lambda c: check_chat_stream_timing(c, tiny_tokenizer))
 
 
 def check_constant_arrivals(canned: Canned) -> None:

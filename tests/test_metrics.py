@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from servetune.metrics import quantile, summarize
+from servetune.metrics import quantile, server_summary, summarize
 from servetune.result import RequestSample
 from servetune.spec import SLO
 
@@ -74,3 +74,42 @@ def test_achieved_rate_and_client_fell_behind() -> None:
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window_s"):
         summarize([], window_s=0)
+
+
+def test_cancelled_requests_are_counted_apart() -> None:
+    """Cancelled by the load generator (early stop, end of window): not requests, not errors, but sent."""
+    samples = [
+        req(0, 0, 100, 200, 2, [100, 200]),  # TTFT 100
+        req(1, 100, 400, 500, 2, [400, 500], error=None),  # TTFT 300
+        req(2, 200, None, 250, None, [], error="HTTP 500"),
+        req(3, 300, 320, 600, None, [320], error="cancelled: stopped early (over-saturation)"),
+        req(4, 400, None, 600, None, [], error="cancelled at end of window"),
+        # never went out: its send time is when the sample was taken, after the cancellation
+        req(5, 700, None, 600, None, [], error="cancelled: stopped early (over-saturation)", lag_ms=200),
+    ]
+    m = summarize(samples, window_s=0.6, slos=[SLO(metric="ttft_ms", percentile=50, max_ms=150)],
+                  quantiles=[0.5], offered_rate=10.0)
+    assert (m.n_requests, m.n_completed, m.n_errors, m.n_cancelled) == (3, 2, 1, 3)
+    assert m.total_output_tokens == 4 and m.request_throughput == pytest.approx(2 / 0.6)
+    assert m.ttft_ms == pytest.approx([200.0])  # the cancelled request's first token is not a TTFT
+    assert m.slo_attainment == pytest.approx(1 / 3)  # 1 of the 3 measured requests
+    # the self-check counts the 5 requests that went out: sends 0..400 ms -> 4 gaps in 0.4 s
+    assert m.achieved_rate == pytest.approx(10.0)
+    assert m.sched_lag_p99_ms == pytest.approx(0.0)
+
+
+def test_server_summary() -> None:
+    series = [
+        {"t_ns": 0.0, "num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.0,
+         "num_preemptions_total": 3, "prefix_cache_hits_total": 10, "prefix_cache_queries_total": 100},
+        {"t_ns": 5e8, "num_requests_running": 4, "num_requests_waiting": 7, "kv_cache_usage_perc": 0.6,
+         "num_preemptions_total": 5, "prefix_cache_hits_total": 40, "prefix_cache_queries_total": 200},
+        {"t_ns": 1e9, "num_requests_running": 2, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.2,
+         "num_preemptions_total": 6, "prefix_cache_hits_total": 70, "prefix_cache_queries_total": 300},
+    ]
+    s = server_summary(series, {})
+    assert s == {"server_max_running": 4, "server_max_waiting": 7, "server_max_kv_cache_usage": 0.6,
+                 "server_preemptions_delta": 3, "server_prefix_cache_hit_rate": pytest.approx(0.3)}
+    # counter readings before and after the window win over the series' ends
+    assert server_summary(series, {"num_preemptions_total": 9.0})["server_preemptions_delta"] == 9.0
+    assert server_summary([], {}) == dict.fromkeys(s)

@@ -86,6 +86,35 @@ def test_every_attempt_has_its_own_result_file(e2e_sweep: SweepRun) -> None:
             assert record["outcome"]["log_tail"]
 
 
+def test_ok_trials_carry_the_server_metric_series(e2e_sweep: SweepRun) -> None:
+    store = Store.open_readonly(e2e_sweep.folder)
+    attempts = [a for a in store.all_attempts() if a.status == "ok"]
+    store.close()
+    assert len(attempts) == 4
+    peaks = []
+    for a in attempts:
+        assert a.result_path is not None
+        record = json.loads((e2e_sweep.folder / a.result_path).read_text())
+        outcome, metrics = record["outcome"], record["metrics"]
+        series = outcome["server_series"]
+        assert series, f"trial {a.trial_id[:12]} has no server series"
+        measured = [s for s in outcome["samples"] if not s["warmup"]]
+        # from the start of the measurement (read once before the first send) until the server drained
+        assert series[0]["t_ns"] <= min(s["send_ns"] for s in measured)
+        assert series[-1]["t_ns"] >= max(s["end_ns"] for s in measured)
+        assert {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"} <= set(series[0])
+        assert series[-1]["num_requests_running"] == series[-1]["num_requests_waiting"] == 0
+        max_num_seqs = record["manifest"]["engine"]["args"]["max_num_seqs"]
+        assert metrics["server_max_running"] <= max_num_seqs
+        assert metrics["server_preemptions_delta"] == 0
+        assert metrics["stopped_early"] is None and metrics["n_cancelled"] == 0
+        peaks.append(metrics["server_max_running"])
+    assert max(peaks) >= 1, peaks  # some scrape saw requests running
+    ds, ok = _ok_rows(e2e_sweep)
+    assert all(float(ds.server_max_running.values[i]) == float(ds.server_max_running.values[i]) for i in ok)  # not NaN
+    assert all(str(ds.stopped_early.values[i]) == "" for i in ok)
+
+
 def test_no_vllm_outlives_the_sweep(e2e_sweep: SweepRun) -> None:
     groups = recorded_server_groups(e2e_sweep.folder)
     assert len(groups) == 3  # one server start per config, the failed one included

@@ -1,0 +1,292 @@
+"""The load-generator section of ``benchmarks/RESULTS.md``: tables from one run, targets judged.
+
+The section sits between :data:`BEGIN` and :data:`END` markers; a new run replaces it and leaves
+the rest of RESULTS.md (other benchmarks) alone. Where a rate was repeated, every figure is the
+median over its repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen.clients import ToolRun
+from benchmarks.loadgen.points import SUSTAINED_RATIO, Point, highest_sustained, median
+from benchmarks.loadgen.timing import Accuracy, Profile
+
+BEGIN = "<!-- loadgen:begin (written by `python -m benchmarks.loadgen`; edits inside are overwritten) -->"
+END = "<!-- loadgen:end -->"
+
+OURS = "servetune"
+
+
+@dataclass
+class Row:
+    """One client at one offered rate, medians over its repeats."""
+
+    client: str
+    offered: float
+    runs: int
+    achieved: float
+    ratio: float
+    n_ok: int
+    n_errors: int
+    ttft_p50: float
+    ttft_mean: float
+    ttft_p99: float
+    cpu_per_1k: float | None
+    core_busy: float | None  # client CPU-s / window s: 1.0 = its core fully used
+
+    @property
+    def sustained(self) -> bool:
+        return self.ratio >= SUSTAINED_RATIO
+
+
+def _med(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and not math.isnan(x)]
+    return median(vals) if vals else None
+
+
+def rows_of(run: ToolRun) -> list[Row]:
+    groups: dict[float, list[Point]] = {}
+    for p in run.points:
+        groups.setdefault(p.offered, []).append(p)
+    rows = []
+    for offered, ps in sorted(groups.items()):
+        rows.append(
+            Row(
+                client=run.client,
+                offered=offered,
+                runs=len(ps),
+                achieved=median([p.achieved for p in ps]),
+                ratio=median([p.ratio for p in ps]),
+                n_ok=round(median([p.n_ok for p in ps])),
+                n_errors=round(median([p.n_errors for p in ps])),
+                ttft_p50=_med([p.ttft_ms["p50"] for p in ps]) or math.nan,
+                ttft_mean=_med([p.ttft_ms["mean"] for p in ps]) or math.nan,
+                ttft_p99=_med([p.ttft_ms["p99"] for p in ps]) or math.nan,
+                cpu_per_1k=_med([p.cpu_per_1k for p in ps]),
+                core_busy=_med([p.cpu_s / p.window_s if p.cpu_s is not None and p.window_s > 0 else None for p in ps]),
+            )
+        )
+    return rows
+
+
+@dataclass
+class Summary:
+    client: str
+    sustained: Row | None
+    low: Row | None
+    first_missed: Row | None
+    process_cpu_s: float
+    wall_s: float
+
+
+def summarize_run(run: ToolRun) -> Summary:
+    rows = rows_of(run)
+    best = highest_sustained([(r.offered, r.ratio) for r in rows])
+    sustained = next((r for r in rows if r.offered == best), None)
+    first_missed = next((r for r in rows if not r.sustained), None)
+    return Summary(run.client, sustained, rows[0] if rows else None, first_missed, run.process_cpu_s, run.wall_s)
+
+
+def _f(x: float | None, fmt: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _summary_table(sums: list[Summary]) -> list[str]:
+    out = [
+        "| client | highest sustained rate (req/s) | achieved there (req/s) | client CPU-s per 1,000 requests there "
+        "| TTFT p50 at lowest rate -> there (ms) | TTFT mean at lowest rate -> there (ms) "
+        "| first rate missed: achieved (req/s), client core busy |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for s in sums:
+        at = s.sustained
+        low = s.low
+        missed = (
+            f"{s.first_missed.offered:g}: {s.first_missed.achieved:.1f}, {_f(s.first_missed.core_busy, '.0%')}"
+            if s.first_missed
+            else "none in the ladder"
+        )
+        if at is None or low is None:
+            out.append(f"| {s.client} | none (even the lowest rate missed) | | | | | {missed} |")
+            continue
+        out.append(
+            f"| {s.client} | {at.offered:g} | {at.achieved:.1f} | {_f(at.cpu_per_1k)} "
+            f"| {_f(low.ttft_p50)} -> {_f(at.ttft_p50)} | {_f(low.ttft_mean)} -> {_f(at.ttft_mean)} | {missed} |"
+        )
+    return out
+
+
+def _detail_table(runs: list[ToolRun]) -> list[str]:
+    out = [
+        "| offered (req/s) | client | runs | achieved (req/s) | achieved/offered | completed | not completed "
+        "| TTFT p50 / mean / p99 (ms) | client CPU-s per 1,000 req | client core busy |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    rows = sorted((r for run in runs for r in rows_of(run)), key=lambda r: (r.offered, r.client))
+    for r in rows:
+        mark = "" if r.sustained else " (missed)"
+        out.append(
+            f"| {r.offered:g} | {r.client} | {r.runs} | {r.achieved:.1f} | {r.ratio:.4f}{mark} | {r.n_ok} | {r.n_errors} "
+            f"| {_f(r.ttft_p50)} / {_f(r.ttft_mean)} / {_f(r.ttft_p99)} | {_f(r.cpu_per_1k)} | {_f(r.core_busy, '.0%')} |"
+        )
+    return out
+
+
+def _accuracy_table(acc: list[Accuracy]) -> list[str]:
+    out = [
+        "| target | offered (req/s), Poisson | matched requests | target TTFT p50 (ms) | our TTFT p50 (ms) "
+        "| error p50 / p99 / max (ms) | send -> target recv p50 / p99 (ms) | target first byte -> our token p50 / p99 (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for a in acc:
+        out.append(
+            f"| {a.target} | {a.rate:g} | {a.n} | {_f(a.target_ttft_p50_ms)} | {_f(a.client_ttft_p50_ms)} "
+            f"| {_f(a.error_ms['p50'])} / {_f(a.error_ms['p99'])} / {_f(a.error_ms['max'])} "
+            f"| {_f(a.send_to_recv_ms['p50'])} / {_f(a.send_to_recv_ms['p99'])} "
+            f"| {_f(a.byte_to_token_ms['p50'])} / {_f(a.byte_to_token_ms['p99'])} |"
+        )
+    notes = [f"- {a.target} target, {a.rate:g} req/s: {n}" for a in acc for n in a.notes]
+    notes += [f"- {a.target} target, {a.rate:g} req/s: {a.mismatched} pairs not matched" for a in acc if a.mismatched]
+    return out + ([""] + notes if notes else [])
+
+
+def targets(sums: list[Summary], acc: list[Accuracy]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met) for each target of the issue; met is None when it could not be judged."""
+    ours = next((s for s in sums if s.client == OURS), None)
+    peers = [s for s in sums if s.client != OURS]
+    out: list[tuple[str, str, bool | None]] = []
+    if ours is not None and peers:
+        ours_rate = ours.sustained.offered if ours.sustained else 0.0
+        best_peer = max(peers, key=lambda s: s.sustained.offered if s.sustained else 0.0)
+        peer_rate = best_peer.sustained.offered if best_peer.sustained else 0.0
+        ratio = ours_rate / peer_rate if peer_rate else math.inf
+        top = ours.sustained is not None and ours.first_missed is None
+        measured = f"{ours_rate:g} vs {peer_rate:g} req/s ({best_peer.client}): {ratio:.2f}x"
+        if top:
+            measured += " (our ladder ended without a miss: our limit is higher)"
+        out.append(("our sustained rate >= 2x the better peer's", measured, ratio >= 2))
+    if ours is not None and ours.sustained and ours.low:
+        d50 = ours.sustained.ttft_p50 - ours.low.ttft_p50
+        dmean = ours.sustained.ttft_mean - ours.low.ttft_mean
+        out.append(
+            (
+                f"our TTFT at {ours.sustained.offered:g} req/s within 1 ms of our TTFT at {ours.low.offered:g} req/s",
+                f"p50 {d50:+.3f} ms, mean {dmean:+.3f} ms",
+                abs(d50) <= 1 and abs(dmean) <= 1,
+            )
+        )
+    for a in acc:
+        if a.rate == 100:
+            out.append(
+                (
+                    f"timing error p99 < 1 ms at 100 req/s ({a.target} target)",
+                    f"{a.error_ms['p99']:.3f} ms",
+                    a.error_ms["p99"] < 1,
+                )
+            )
+    return out
+
+
+def bound_of(s: Summary, prof: Profile | None) -> str:
+    """What limits a client, in measured figures (its first missed rate and its core's load there)."""
+    m = s.first_missed
+    if m is None:
+        top = s.sustained.offered if s.sustained else 0.0
+        return f"not reached in this ladder: every rate up to {top:g} req/s was sustained"
+    text = f"at {m.offered:g} req/s offered it completed {m.achieved:.1f} req/s with its core {_f(m.core_busy, '.0%')} busy"
+    if m.cpu_per_1k:
+        text += (
+            f", spending {m.cpu_per_1k:.3f} CPU-s per 1,000 requests: one core carries at most about "
+            f"{1000 / m.cpu_per_1k:.0f} req/s of it"
+        )
+    saturated = m.core_busy is not None and m.core_busy >= 0.9
+    text = ("CPU-bound: " if saturated else "not CPU-saturated: ") + text
+    if s.client == OURS and prof is not None:
+        shares = ", ".join(f"{lib} {share:.0%}" for lib, share in prof.by_library[:5])
+        text += f". Own time under cProfile: {shares} (see the profile below)"
+    return text
+
+
+def _profile_lines(prof: Profile) -> list[str]:
+    out = [
+        f"cProfile of our driver at {prof.rate:g} req/s offered (achieved {prof.achieved:.1f} req/s under the "
+        f"profiler, which slows it): {prof.total_s:.2f} s of own time in all.",
+        "",
+        "| share of own time | library |",
+        "| ---: | --- |",
+    ]
+    out += [f"| {share:.1%} | {lib} |" for lib, share in prof.by_library]
+    out += ["", "| own time (s) | calls | function |", "| ---: | ---: | --- |"]
+    out += [f"| {tt:.3f} | {nc} | `{name}` |" for name, tt, nc in prof.top]
+    return out
+
+
+def render(
+    meta: dict[str, Any],
+    runs: list[ToolRun],
+    acc: list[Accuracy],
+    prof: Profile | None,
+) -> str:
+    sums = [summarize_run(r) for r in runs]
+    bounds = {s.client: bound_of(s, prof) for s in sums}
+    lines = [
+        BEGIN,
+        "## Load generator: servetune vs `vllm bench serve` vs GuideLLM",
+        "",
+        f"Command (from the repository root): `{meta['command']}`",
+        "",
+        f"Run on {meta['date']} (UTC), wall time {meta['wall_s']:.0f} s.",
+        "",
+        "| machine | |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in meta["machine"].items()]
+    lines += [
+        "",
+        "### Method",
+        "",
+        *meta["method"],
+        "",
+        "### Summary",
+        "",
+        *_summary_table(sums),
+        "",
+        "What bounds each client:",
+        "",
+        *[f"- **{k}**: {v}" for k, v in bounds.items()],
+        "",
+        "### Targets (issue 3)",
+        "",
+        "| target | measured | met |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {t} | {m} | {'yes' if ok else 'no' if ok is not None else 'n/a'} |" for t, m, ok in targets(sums, acc)
+    ]
+    lines += ["", "### Every point", "", *_detail_table(runs), ""]
+    lines += [f"- {r.client}: whole-run client CPU {r.process_cpu_s:.1f} s (start-up included), wall {r.wall_s:.0f} s, "
+              f"1-min load average {r.loadavg[0]:.2f} before, {r.loadavg[1]:.2f} after" for r in runs]  # fmt: skip
+    if acc:
+        lines += ["", "### Timing accuracy of our client", "", *meta["accuracy_method"], "", *_accuracy_table(acc)]
+    if prof is not None:
+        lines += ["", "### Profile of our client", "", *_profile_lines(prof)]
+    lines += ["", END]
+    return "\n".join(lines) + "\n"
+
+
+def update_results(path: Path, section: str) -> None:
+    """Replace the loadgen section of ``path`` (or append it; create the file if missing)."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    start = text.find(BEGIN)
+    end = text.find(END)
+    if start >= 0 and end > start:
+        text = text[:start] + section + text[end + len(END) :].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)

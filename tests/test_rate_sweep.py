@@ -1,0 +1,103 @@
+"""Rate sweeps: @sync and @max first, then evenly spaced rates as new trials made at run time."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import analysis
+from coordinator.store import Store
+from coordinator.sweep import expand_rate_sweeps, select_work
+from daemon.server import VLLMServer
+from servetune.errors import SpecError
+from servetune.manifest import plan_grid, rate_sweep_rates
+from servetune.spec import parse_spec
+from tests.conftest import cli_env
+from tests.test_openai_backend import _sweep
+
+SPEC = textwrap.dedent(
+    """
+    name: rs
+    engine: {{fixed: {{max_model_len: 256}}, grid: {{max_num_seqs: [2, 4]}}}}
+    load_points:
+      - {{name: sweep, rate_sweep: {{num_rates: {n}}}, num_requests: 8, input_len: 16, output_len: 8}}
+    """
+)
+
+
+def test_rates_are_evenly_spaced_strictly_between() -> None:
+    assert rate_sweep_rates(2.0, 10.0, 3) == [4.0, 6.0, 8.0]
+    assert rate_sweep_rates(1.0, 2.0, 1) == [1.5]
+    assert rate_sweep_rates(5.0, 5.0, 3) == [] and rate_sweep_rates(5.0, 4.0, 2) == []
+
+
+def test_spec_rules() -> None:
+    plan = plan_grid(parse_spec(SPEC.format(n=3)))
+    names = sorted({m.load_point.name for m in plan.trials()})
+    assert names == ["sweep@max", "sweep@sync"]
+    by_name = {m.load_point.name: m.load_point for m in plan.trials()}
+    assert by_name["sweep@sync"].max_concurrency == 1 and by_name["sweep@sync"].request_rate is None
+    assert by_name["sweep@max"].max_concurrency == 256
+    assert plan.followups_per_batch(plan.batches[0]) == 3
+    with pytest.raises(SpecError, match="sets request_rate and max_concurrency itself"):
+        parse_spec(SPEC.format(n=2).replace("rate_sweep:", "request_rate: 3, rate_sweep:"))
+    with pytest.raises(SpecError, match="reserved for rate-sweep"):
+        parse_spec(SPEC.format(n=2).replace("name: sweep,", "name: a@b,"))
+
+
+def test_followups_made_once_from_seed_results(tmp_path: Path) -> None:
+    spec = parse_spec(SPEC.format(n=3))
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "rs")
+    h = spec.spec_hash()
+    store.record_plan(h, spec.model_dump(mode="json"), None, plan)
+    batch = plan.batches[0]
+    assert expand_rate_sweeps(store, spec, plan, h) == []  # no seed results yet
+    for m, rps in zip(batch.trials, (None, None)):
+        del rps
+        a = store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash=h)
+        tput = 2.0 if m.load_point.name.endswith("sync") else 10.0
+        store.finish_attempt(m.trial_id, a, status="ok", failure_kind=None, error=None, submission_id="s",
+                             record={"m": m.trial_id}, metrics={"request_throughput": tput}, hardware_class=None)
+    work = expand_rate_sweeps(store, spec, plan, h)
+    assert len(work) == 1 and work[0].batch.config_id == batch.config_id
+    rates = [m.load_point.request_rate for m in work[0].trials]
+    assert rates == [4.0, 6.0, 8.0]
+    assert [m.load_point.name for m in work[0].trials] == ["sweep@4rps", "sweep@6rps", "sweep@8rps"]
+    assert all(m.repeat == batch.trials[0].repeat for m in work[0].trials)
+    again = expand_rate_sweeps(store, spec, plan, h)
+    assert [m.trial_id for m in again[0].trials] == [m.trial_id for m in work[0].trials]  # same manifests
+    planned = store.planned_trial_ids(h)
+    assert len(planned) == len(set(planned)) == 4 + 3
+    # the other config's seeds have no results: select_work still runs them
+    todo, _ = select_work(plan, store, retry_failed=False)
+    assert [w.batch.index for w in todo] == [plan.batches[1].index]
+
+
+@pytest.mark.vllm
+def test_rate_sweep_end_to_end(vllm_server: VLLMServer, tmp_path: Path, tiny_cache: Path) -> None:
+    """Against the session's vLLM server through the openai backend (no server start)."""
+    text = textwrap.dedent(
+        f"""
+        name: rs-e2e
+        model: {{source: tiny, served_name: tiny}}
+        backend: {{kind: openai, base_url: "{vllm_server.base_url}"}}
+        load_points:
+          - {{name: sweep, rate_sweep: {{num_rates: 2, max_concurrency: 16}}, num_requests: 16, input_len: 16,
+             output_len: 8}}
+        """
+    )
+    proc = _sweep(tmp_path, text, cli_env(tiny_cache))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "queued 2 follow-up rate(s)" in proc.stderr
+    ds = analysis.load("rs-e2e", results_root=tmp_path / "runs")
+    names = [str(n) for n in ds.load_point.values]
+    assert names[:2] == ["sweep@sync", "sweep@max"] or sorted(names[:2]) == ["sweep@max", "sweep@sync"]
+    assert len(names) == 4 and all(str(s) == "ok" for s in ds.status.values)
+    tput = {n: float(ds.request_throughput.values[i]) for i, n in enumerate(names)}
+    rates = sorted(float(ds.request_rate.values[i]) for i, n in enumerate(names) if n.endswith("rps"))
+    assert len(rates) == 2 and tput["sweep@sync"] < rates[0] < rates[1] < tput["sweep@max"]
+    assert all(math.isnan(float(ds.request_rate.values[i])) for i, n in enumerate(names) if not n.endswith("rps"))
