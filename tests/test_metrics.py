@@ -113,3 +113,17 @@ def test_server_summary() -> None:
     # counter readings before and after the window win over the series' ends
     assert server_summary(series, {"num_preemptions_total": 9.0})["server_preemptions_delta"] == 9.0
     assert server_summary([], {}) == dict.fromkeys(s)
+
+
+def test_pooled_percentiles_come_from_pooled_samples_not_averaged_percentiles() -> None:
+    from analysis import pooled_latencies
+
+    a = [req(i, 0, 10, 20, 2, [10, 20]) for i in range(4)]  # TTFT 10 ms x4
+    b = [req(9, 0, 100, 110, 2, [100, 110])]  # TTFT 100 ms
+    pooled = pooled_latencies([a, b], quantiles=[0.5, 1.0])
+    assert pooled["ttft_ms"] == pytest.approx([10.0, 100.0])
+    assert pooled["n"] == [5.0]
+    per_trial_p50 = [summarize(x, window_s=1.0, quantiles=[0.5]).ttft_ms[0] for x in (a, b)]
+    assert sum(per_trial_p50) / 2 == pytest.approx(55.0)  # what averaging would wrongly report
+    cancelled = req(10, 0, None, 5, None, [], error="cancelled at end of window")
+    assert pooled_latencies([a, [cancelled]])["n"] == [4.0]

@@ -159,3 +159,15 @@ def test_edited_spec_keeps_results_says_what_changed_and_rescores_slos(e2e_sweep
     store = Store.open_readonly(e2e_sweep.folder)
     assert len(store.all_attempts()) == 6
     store.close()
+
+
+def test_raw_samples_and_pooled_percentiles(e2e_sweep: SweepRun) -> None:
+    ds, ok = _ok_rows(e2e_sweep)
+    ids = [str(ds.trial_id.values[i]) for i in ok if str(ds.load_point.values[i]) == "conc"]
+    samples = [analysis.trial_samples("e2e", t, results_root=e2e_sweep.root) for t in ids]
+    assert [len(s) for s in samples] == [16] * len(ids)
+    pooled = analysis.pooled_latencies(samples)
+    assert pooled["n"] == [16.0 * len(ids)]
+    lo = min(float(ds.ttft_ms.sel(quantile=0.5).values[i]) for i in ok if str(ds.load_point.values[i]) == "conc")
+    hi = max(float(ds.ttft_ms.sel(quantile=0.5).values[i]) for i in ok if str(ds.load_point.values[i]) == "conc")
+    assert lo <= pooled["ttft_ms"][0] <= hi

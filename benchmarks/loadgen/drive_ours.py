@@ -10,7 +10,6 @@ send / first-token / end times) and prints a ``[progress]`` line.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import sys
 import time
 import urllib.request
@@ -134,16 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-early", action="store_true", help="stop after two unsustained rates")
     ap.add_argument("--samples", action="store_true", help="also write every request's times")
     ap.add_argument("--clear-url", help="GET this URL between warm-up and measurement")
-    ap.add_argument("--profile", help="write a cProfile of the whole ladder here")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     start = time.monotonic()
-    if args.profile:
-        prof = cProfile.Profile()
-        prof.runcall(run_ladder, args)
-        prof.dump_stats(args.profile)
-    else:
-        run_ladder(args)
+    run_ladder(args)
     progress(f"{CLIENT}: ladder done in {time.monotonic() - start:.1f} s")
     return 0
 

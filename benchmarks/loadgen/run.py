@@ -1,11 +1,12 @@
 """The command: ``python -m benchmarks.loadgen`` runs the whole side-by-side benchmark once.
 
-Steps: check nginx and taskset, make GuideLLM's virtual environment if missing, generate the tiny
-model (its tokenizer makes the peers' prompts), wait for a quiet machine, start nginx pinned to
-the target core, run the three client ladders one after the other pinned to the client core,
-profile our client, measure our timing accuracy against :mod:`.timing_target`, then write the
-section of ``benchmarks/RESULTS.md`` and a JSON of every figure under ``--out-dir``. Everything it
-starts is stopped on the way out, Ctrl-C and SIGTERM included.
+Steps: check nginx and taskset, make GuideLLM's and py-spy's virtual environments if missing,
+generate the tiny model (its tokenizer makes the peers' prompts), wait for a quiet machine,
+measure our timing accuracy against :mod:`.timing_target`, start nginx pinned to the target core,
+run the three client ladders one after the other pinned to the client core, profile our client
+with py-spy at its highest sustained rate, then write the section of ``benchmarks/RESULTS.md``
+and a JSON of every figure under ``--out-dir``. Everything it starts is stopped on the way out,
+Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import clients, nginx, report, timing
+from benchmarks.loadgen import clients, nginx, report, spy, timing
 from benchmarks.loadgen.procs import BenchmarkError, Child, Children, install_sigterm_as_interrupt, write_json
 from benchmarks.loadgen.sse import OUTPUT_TOKENS, PROMPT_TOKENS, completion_body
 
@@ -53,14 +54,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--accuracy-rates", default="10,100", help="rates of the timing check (default: %(default)s)")
     ap.add_argument("--accuracy-requests", default="300,1000", help="requests at each of those rates")
     ap.add_argument("--accuracy-delay-ms", type=float, default=5.0, help="the timing target's TTFT")
-    ap.add_argument("--accuracy-targets", default="polling,sleeping",
-                    help="timing target modes, in order (default: %(default)s)")  # fmt: skip
     ap.add_argument("--no-accuracy", action="store_true", help="skip the timing-accuracy check")
-    ap.add_argument("--no-profile", action="store_true", help="skip the profile of our client")
+    ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of our client")
     ap.add_argument("--max-load", type=float, default=1.0, help="wait for a 1-min load average below this")
     ap.add_argument("--load-wait-s", type=float, default=900, help="give up waiting for it after this (then run)")
     ap.add_argument("--guidellm-venv", type=Path, default=REPO / "benchmarks" / ".venvs" / "guidellm")
-    ap.add_argument("--no-install", action="store_true", help="fail instead of installing GuideLLM")
+    ap.add_argument("--py-spy-venv", type=Path, default=REPO / "benchmarks" / ".venvs" / "py-spy")
+    ap.add_argument("--no-install", action="store_true", help="fail instead of installing GuideLLM or py-spy")
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "out" / "loadgen")
     ap.add_argument("--results", type=Path, default=REPO / "benchmarks" / "RESULTS.md")
     args = ap.parse_args(argv)
@@ -74,9 +74,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.acc_requests = [int(n) for n in args.accuracy_requests.split(",")]
     if len(args.acc_rates) != len(args.acc_requests):
         ap.error("--accuracy-rates and --accuracy-requests need the same number of values")
-    args.acc_modes = [m for m in args.accuracy_targets.split(",") if m]
-    if unknown := set(args.acc_modes) - set(timing.TARGET_MODES):
-        ap.error(f"unknown timing target modes {sorted(unknown)}; choose from {', '.join(timing.TARGET_MODES)}")
     return args
 
 
@@ -86,13 +83,13 @@ def wait_for_quiet(max_load: float, timeout_s: float) -> tuple[float, bool]:
     while True:
         load = os.getloadavg()[0]
         if load < max_load:
-            say(f"1-min load average {load:.2f} (< {max_load:g}): starting")
+            say(f"1-min load average {load:.3f} (< {max_load:g}): starting")
             return load, True
         left = deadline - time.monotonic()
         if left <= 0:
             say(f"1-min load average still {load:.2f} after {timeout_s:.0f} s: running anyway (it goes on the record)")
             return load, False
-        say(f"1-min load average {load:.2f}, waiting for < {max_load:g} ({left:.0f} s left)")
+        say(f"1-min load average {load:.3f}, waiting for < {max_load:g} ({left:.0f} s left)")
         time.sleep(min(15.0, max(left, 0.1)))
 
 
@@ -180,9 +177,8 @@ def accuracy_method(args: argparse.Namespace) -> list[str]:
         "and when it wrote the response head with the first token event. Our driver (Poisson arrivals, pinned to "
         f"core {args.client_cpu}) logs each request's send and first-token times. Requests are matched in order. "
         "Error = our TTFT - the target's (first byte written - request received) = (send -> target receive) + "
-        "(target first byte -> our first-token stamp). Two targets: *polling* (its event loop never sleeps, so its "
-        "own stamps do not wait for its wake-up from idle) and *sleeping* (an ordinary asyncio server, like a real "
-        "one: its wake-up latency then counts in the error).",
+        "(target first byte -> our first-token stamp); the target's own wake-ups count in it too. This check runs "
+        "first, on the quiet machine, before the ladders.",
     ]
 
 
@@ -196,8 +192,8 @@ def make_tiny_model(python: str, out: Path) -> Path:
     return tiny
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    started = time.monotonic()
+def preflight(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """Check what the run needs, install the peers' environments if missing; nginx and py-spy paths."""
     nginx_bin = nginx.find_nginx()
     cores = os.sched_getaffinity(0)
     for cpu in (args.target_cpu, args.client_cpu):
@@ -209,6 +205,50 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.no_install and not (args.guidellm_venv / "bin" / "guidellm").exists():
             raise BenchmarkError(f"GuideLLM is not installed in {args.guidellm_venv} (and --no-install)")
         clients.ensure_guidellm(args.guidellm_venv, say)
+    pyspy = None
+    if "ours" in args.client_list and not args.no_profile:
+        if args.no_install and not (args.py_spy_venv / "bin" / "py-spy").exists():
+            raise BenchmarkError(f"py-spy is not installed in {args.py_spy_venv} (and --no-install)")
+        pyspy = spy.ensure_pyspy(args.py_spy_venv, say)
+    return nginx_bin, pyspy
+
+
+def measure(
+    args: argparse.Namespace, setup: clients.Setup, nginx_bin: str, pyspy: Path | None
+) -> tuple[list[clients.ToolRun], list[timing.Accuracy], spy.Profile | None]:
+    """Accuracy check, then the ladders against nginx, then the profile; everything started is stopped."""
+    runs: list[clients.ToolRun] = []
+    acc: list[timing.Accuracy] = []
+    prof: spy.Profile | None = None
+    with Children() as children, tempfile.TemporaryDirectory(prefix="servetune-nginx-") as tmp:
+        if not args.no_accuracy:
+            acc = timing.run_accuracy(
+                setup, children, args.acc_rates, args.acc_requests, args.accuracy_delay_ms, args.target_cpu
+            )
+        port = nginx.free_port()
+        conf = nginx.write_site(Path(tmp), port)
+        setup.base_url = f"http://127.0.0.1:{port}"
+        target = Child("nginx", nginx.nginx_argv(nginx_bin, Path(tmp), conf), setup.out_dir / "nginx.log",
+                       cpus=args.target_cpu)  # fmt: skip
+        children.start(target)
+        nginx.wait_ready(setup.base_url, 30, target)
+        say(f"nginx ready on {setup.base_url} (core {args.target_cpu})")
+        runners = {"ours": clients.run_ours, "vllm": clients.run_vllm, "guidellm": clients.run_guidellm}
+        for name in args.client_list:
+            say(f"== {name}: ladder {args.rates} req/s")
+            runs.append(runners[name](setup, children))
+        ours = next((r for r in runs if r.client == report.OURS), None)
+        if ours is not None and pyspy is not None:
+            summary = report.summarize_run(ours)
+            rate = summary.sustained.offered if summary.sustained else args.rate_list[0]
+            prof = spy.run_profile(setup, children, rate, pyspy, args.target_cpu)
+        target.stop()
+    return runs, acc, prof
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    started = time.monotonic()
+    nginx_bin, pyspy = preflight(args)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir = args.out_dir / stamp
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,43 +264,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "method": method(args, nginx.nginx_version(nginx_bin)),
         "accuracy_method": accuracy_method(args),
     }
-    runs: list[clients.ToolRun] = []
-    acc: list[timing.Accuracy] = []
-    prof: timing.Profile | None = None
-    with Children() as children, tempfile.TemporaryDirectory(prefix="servetune-nginx-") as tmp:
-        port = nginx.free_port()
-        conf = nginx.write_site(Path(tmp), port)
-        base_url = f"http://127.0.0.1:{port}"
-        target = Child("nginx", nginx.nginx_argv(nginx_bin, Path(tmp), conf), out_dir / "nginx.log",
-                       cpus=args.target_cpu)  # fmt: skip
-        children.start(target)
-        nginx.wait_ready(base_url, 30, target)
-        say(f"nginx ready on {base_url} (core {args.target_cpu})")
-        setup = clients.Setup(
-            repo=REPO, python=python, base_url=base_url, tiny_dir=tiny, out_dir=out_dir, rates=args.rate_list,
-            seconds=args.seconds, min_requests=args.min_requests, warmup=args.warmup, repeats=args.repeats,
-            client_cpus=args.client_cpu, guidellm_venv=args.guidellm_venv, say=say,
-        )  # fmt: skip
-        runners = {"ours": clients.run_ours, "vllm": clients.run_vllm, "guidellm": clients.run_guidellm}
-        for name in args.client_list:
-            say(f"== {name}: ladder {args.rates} req/s")
-            runs.append(runners[name](setup, children))
-        ours = next((r for r in runs if r.client == report.OURS), None)
-        if ours is not None and not args.no_profile:
-            summary = report.summarize_run(ours)
-            rate = summary.first_missed.offered if summary.first_missed else args.rate_list[-1]
-            prof = timing.run_profile(setup, children, rate)
-        target.stop()
-        if not args.no_accuracy:
-            acc = timing.run_accuracy(
-                setup,
-                children,
-                args.acc_rates,
-                args.acc_requests,
-                args.accuracy_delay_ms,
-                args.target_cpu,
-                args.acc_modes,
-            )
+    setup = clients.Setup(
+        repo=REPO, python=python, base_url="", tiny_dir=tiny, out_dir=out_dir, rates=args.rate_list,
+        seconds=args.seconds, min_requests=args.min_requests, warmup=args.warmup, repeats=args.repeats,
+        client_cpus=args.client_cpu, guidellm_venv=args.guidellm_venv, say=say,
+    )  # fmt: skip
+    runs, acc, prof = measure(args, setup, nginx_bin, pyspy)
     meta["wall_s"] = time.monotonic() - started
     meta["machine"]["1-min load average at end"] = f"{os.getloadavg()[0]:.2f}"
     write_json(

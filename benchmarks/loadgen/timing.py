@@ -1,4 +1,4 @@
-"""Timing accuracy of our client against the self-timing target, and a profile of our client.
+"""Timing accuracy of our client against the self-timing target.
 
 Accuracy: :mod:`.timing_target` (pinned to the target core) logs ``recv_ns`` and
 ``first_byte_ns`` per request; :mod:`.drive_ours` (pinned to the client core, Poisson arrivals)
@@ -6,25 +6,18 @@ writes every request's ``send_ns`` and ``first_token_ns``; both are CLOCK_MONOTO
 matched in order (the client's by send time, the target's by arrival; the counts must agree and
 every pair must arrive within ``MAX_SEND_TO_RECV_MS`` of its send). The error of one request is
 ``client TTFT - target TTFT = (recv - send) + (first_token - first_byte)``.
-
-Profile: the same driver under cProfile at one rate; the table lists the functions with the most
-own time, and the share of own time per library.
 """
 
 from __future__ import annotations
 
 import json
-import pstats
-import time
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen.clients import Setup, run_child
 from benchmarks.loadgen.nginx import free_port, wait_ready
-from benchmarks.loadgen.points import Point
-from benchmarks.loadgen.procs import BenchmarkError, Child, Children
+from benchmarks.loadgen.procs import Child, Children
 from servetune.metrics import quantile
 
 #: A matched pair whose request reached the target later than this after its send is a mismatch.
@@ -36,7 +29,6 @@ class Accuracy:
     """Our TTFT minus the target's own, per request, at one offered rate (ms)."""
 
     rate: float
-    target: str  # "polling" (its event loop never sleeps) or "sleeping" (an ordinary asyncio server)
     n: int
     delay_ms: float
     target_ttft_p50_ms: float
@@ -52,7 +44,7 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "max": max(xs) if xs else float("nan")}
 
 
-def match(client: dict[str, Any], target: list[list[int]], rate: float, delay_ms: float, mode: str) -> Accuracy:
+def match(client: dict[str, Any], target: list[list[int]], rate: float, delay_ms: float) -> Accuracy:
     """Pair the client's requests with the target's records in order and compute the errors."""
     rows = sorted(
         (s, f)
@@ -77,7 +69,6 @@ def match(client: dict[str, Any], target: list[list[int]], rate: float, delay_ms
         err.append(ttft_c[-1] - ttft_t[-1])
     return Accuracy(
         rate=rate,
-        target=mode,
         n=len(err),
         delay_ms=delay_ms,
         target_ttft_p50_ms=quantile(ttft_t, 0.5),
@@ -95,10 +86,6 @@ def _get_json(url: str) -> Any:
         return json.loads(resp.read())
 
 
-#: Modes of the timing target: its event loop polls (never sleeps), or sleeps in epoll as usual.
-TARGET_MODES = {"polling": [], "sleeping": ["--no-spin"]}
-
-
 def run_accuracy(
     setup: Setup,
     children: Children,
@@ -106,31 +93,26 @@ def run_accuracy(
     n_requests: list[int],
     delay_ms: float,
     target_cpus: str,
-    modes: list[str],
 ) -> list[Accuracy]:
     out: list[Accuracy] = []
-    for mode in modes:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = [setup.python, "-m", "benchmarks.loadgen.timing_target", "--port", str(port),
-                "--delay-ms", f"{delay_ms:g}", *TARGET_MODES[mode]]  # fmt: skip
-        logf = setup.out_dir / f"timing_target_{mode}.log"
-        target = Child(f"timing target ({mode})", argv, logf, cpus=target_cpus, cwd=setup.repo, env=setup.env())
-        children.start(target)
-        try:
-            wait_ready(url, 30, target)
-            for rate, n in zip(rates, n_requests):
-                setup.say(f"timing accuracy at {rate:g} req/s ({n} requests, Poisson arrivals), {mode} target")
-                out.append(_accuracy_point(setup, children, url, rate, n, delay_ms, mode))
-        finally:
-            target.stop()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [setup.python, "-m", "benchmarks.loadgen.timing_target", "--port", str(port), "--delay-ms", f"{delay_ms:g}"]
+    logf = setup.out_dir / "timing_target.log"
+    target = Child("timing target", argv, logf, cpus=target_cpus, cwd=setup.repo, env=setup.env())
+    children.start(target)
+    try:
+        wait_ready(url, 30, target)
+        for rate, n in zip(rates, n_requests):
+            setup.say(f"timing accuracy at {rate:g} req/s ({n} requests, Poisson arrivals)")
+            out.append(_accuracy_point(setup, children, url, rate, n, delay_ms))
+    finally:
+        target.stop()
     return out
 
 
-def _accuracy_point(
-    setup: Setup, children: Children, url: str, rate: float, n: int, delay_ms: float, mode: str
-) -> Accuracy:
-    tag = f"timing_{mode}_r{rate:g}"
+def _accuracy_point(setup: Setup, children: Children, url: str, rate: float, n: int, delay_ms: float) -> Accuracy:
+    tag = f"timing_r{rate:g}"
     samples = setup.out_dir / f"{tag}.json"
     argv = [
         setup.python, "-m", "benchmarks.loadgen.drive_ours",
@@ -143,79 +125,9 @@ def _accuracy_point(
     run_child(setup, children, child, 60 + 3 * n / rate, f"timing {rate:g} req/s")
     records = _get_json(f"{url}/_log")
     client = json.loads(samples.read_text())["samples"][0]
-    acc = match(client, records, rate, delay_ms, mode)
+    acc = match(client, records, rate, delay_ms)
     setup.say(
         f"  error (our TTFT - target's): p50 {acc.error_ms['p50']:.3f} ms, p99 {acc.error_ms['p99']:.3f} ms"
         f" over {acc.n} requests"
     )
     return acc
-
-
-# --------------------------------------------------------------------------- profile
-
-
-@dataclass
-class Profile:
-    rate: float
-    achieved: float
-    total_s: float
-    top: list[tuple[str, float, int]]  # (function, own seconds, calls)
-    by_library: list[tuple[str, float]]  # (library, share of own time)
-
-
-def _library(filename: str, func: str) -> str:
-    if "select.epoll" in func:
-        return "waiting in epoll (idle time included)"
-    if "site-packages/aiohttp" in filename:
-        return "aiohttp"
-    if "site-packages/yarl" in filename or "site-packages/multidict" in filename:
-        return "yarl/multidict"
-    if "/asyncio/" in filename:
-        return "asyncio (stdlib)"
-    if "/json/" in filename:
-        return "json (stdlib)"
-    if "/daemon/" in filename or "/servetune/" in filename:
-        return "servetune (daemon, servetune)"
-    if "pydantic" in filename:
-        return "pydantic"
-    if filename == "~":
-        return "other built-ins (socket I/O, ...)"
-    return "other Python"
-
-
-def summarize_profile(path: Path, rate: float, achieved: float, top_n: int = 15) -> Profile:
-    st = pstats.Stats(str(path))
-    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = st.stats  # type: ignore[attr-defined]
-    total = sum(v[2] for v in raw.values())
-    rows = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)[:top_n]
-    top = []
-    for (filename, line, func), (_cc, nc, tt, _ct, _callers) in rows:
-        short = filename.split("site-packages/")[-1] if "site-packages/" in filename else filename.split("/")[-1]
-        name = f"{func} ({short}:{line})" if filename != "~" else func
-        top.append((name, tt, nc))
-    libs: dict[str, float] = {}
-    for (filename, _line, func), v in raw.items():
-        lib = _library(filename, func)
-        libs[lib] = libs.get(lib, 0.0) + v[2]
-    by_library = sorted(((k, v / total if total else 0.0) for k, v in libs.items()), key=lambda kv: -kv[1])
-    return Profile(rate=rate, achieved=achieved, total_s=total, top=top, by_library=by_library)
-
-
-def run_profile(setup: Setup, children: Children, rate: float) -> Profile:
-    setup.say(f"profiling our client (cProfile) at {rate:g} req/s")
-    pstats_path = setup.out_dir / f"ours_profile_r{rate:g}.pstats"
-    out = setup.out_dir / f"ours_profile_r{rate:g}.json"
-    argv = [
-        setup.python, "-m", "benchmarks.loadgen.drive_ours",
-        "--base-url", setup.base_url, "--rates", f"{rate:g}", "--seconds", f"{setup.seconds:g}",
-        "--min-requests", str(setup.min_requests), "--warmup", str(setup.warmup),
-        "--profile", str(pstats_path), "--out", str(out),
-    ]  # fmt: skip
-    child = Child("profiled driver", argv, setup.out_dir / "ours_profile.log", cpus=setup.client_cpus,
-                  cwd=setup.repo, env=setup.env())  # fmt: skip
-    start = time.monotonic()
-    run_child(setup, children, child, 120 + 8 * setup.seconds, f"profile {rate:g} req/s")
-    if not pstats_path.exists():
-        raise BenchmarkError(f"the profiled run wrote no profile (after {time.monotonic() - start:.0f} s)")
-    point = Point.from_json(json.loads(out.read_text())["points"][0])
-    return summarize_profile(pstats_path, rate, point.achieved)

@@ -9,10 +9,6 @@ is ``first_byte_ns - recv_ns``; comparing it with the client's TTFT of the same 
 how much the client adds (its send path before the request reaches the socket, and its receive
 path until it stamps the first token).
 
-By default the event loop never sleeps (it polls with a zero timeout, one core busy): the target's
-time stamps then do not wait for its own wake-up from idle, which would otherwise be counted as
-the client's error. ``--no-spin`` makes it an ordinary asyncio server.
-
 ``GET /_log`` returns the records so far, in arrival order, as JSON ``[[recv_ns, first_byte_ns],
 ...]`` and forgets them; ``GET /health`` answers 200. HTTP/1.1 with keep-alive and a
 Content-Length request body (what aiohttp sends); no pipelining. One asyncio event loop.
@@ -112,13 +108,7 @@ class _Conn(asyncio.Protocol):
         self.log.records.append([recv_ns, first_byte_ns])
 
 
-async def _spin() -> None:
-    """Keep the event loop polling (epoll with a zero timeout) instead of sleeping in the kernel."""
-    while True:
-        await asyncio.sleep(0)
-
-
-async def serve(port: int, delay_s: float, spin: bool) -> None:
+async def serve(port: int, delay_s: float) -> None:
     loop = asyncio.get_running_loop()
     log = _Log()
     server = await loop.create_server(lambda: _Conn(log, delay_s), "127.0.0.1", port, backlog=1024)
@@ -126,20 +116,16 @@ async def serve(port: int, delay_s: float, spin: bool) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"timing target listening on 127.0.0.1:{port}, first byte {delay_s * 1e3:g} ms after the request", flush=True)
-    spinner = asyncio.ensure_future(_spin()) if spin else None
     async with server:
         await stop.wait()
-    if spinner is not None:
-        spinner.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--delay-ms", type=float, default=5.0)
-    ap.add_argument("--no-spin", action="store_true", help="sleep in epoll between events instead of polling")
     args = ap.parse_args(argv)
-    asyncio.run(serve(args.port, args.delay_ms / 1e3, spin=not args.no_spin))
+    asyncio.run(serve(args.port, args.delay_ms / 1e3))
     return 0
 
 
