@@ -177,8 +177,10 @@ def accuracy_method(args: argparse.Namespace) -> list[str]:
         "and when it wrote the response head with the first token event. Our driver (Poisson arrivals, pinned to "
         f"core {args.client_cpu}) logs each request's send and first-token times. Requests are matched in order. "
         "Error = our TTFT - the target's (first byte written - request received) = (send -> target receive) + "
-        "(target first byte -> our first-token stamp); the target's own wake-ups count in it too. This check runs "
-        "first, on the quiet machine, before the ladders.",
+        "(target first byte -> our first-token stamp); the target's own wake-ups count in it too. The same check "
+        "with `benchmarks/loadgen/drive_floor.py`, a blocking raw socket with no event loop and no HTTP library, "
+        "shows the floor this machine sets for any client (loopback, wake-ups from idle). This check runs first, "
+        "before the ladders.",
     ]
 
 

@@ -5,7 +5,8 @@ Accuracy: :mod:`.timing_target` (pinned to the target core) logs ``recv_ns`` and
 writes every request's ``send_ns`` and ``first_token_ns``; both are CLOCK_MONOTONIC. Requests are
 matched in order (the client's by send time, the target's by arrival; the counts must agree and
 every pair must arrive within ``MAX_SEND_TO_RECV_MS`` of its send). The error of one request is
-``client TTFT - target TTFT = (recv - send) + (first_token - first_byte)``.
+``client TTFT - target TTFT = (recv - send) + (first_token - first_byte)``. The same check with
+:mod:`.drive_floor` (a blocking raw socket) shows the floor that the machine sets for any client.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from benchmarks.loadgen.nginx import free_port, wait_ready
 from benchmarks.loadgen.procs import Child, Children
 from servetune.metrics import quantile
 
+#: Name of the floor client (:mod:`.drive_floor`) in the tables.
+FLOOR = "raw blocking socket (floor)"
 #: A matched pair whose request reached the target later than this after its send is a mismatch.
 MAX_SEND_TO_RECV_MS = 50.0
 
@@ -28,6 +31,7 @@ MAX_SEND_TO_RECV_MS = 50.0
 class Accuracy:
     """Our TTFT minus the target's own, per request, at one offered rate (ms)."""
 
+    client: str
     rate: float
     n: int
     delay_ms: float
@@ -44,7 +48,9 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "max": max(xs) if xs else float("nan")}
 
 
-def match(client: dict[str, Any], target: list[list[int]], rate: float, delay_ms: float) -> Accuracy:
+def match(
+    client: dict[str, Any], target: list[list[int]], rate: float, delay_ms: float, name: str = "servetune"
+) -> Accuracy:
     """Pair the client's requests with the target's records in order and compute the errors."""
     rows = sorted(
         (s, f)
@@ -68,6 +74,7 @@ def match(client: dict[str, Any], target: list[list[int]], rate: float, delay_ms
         ttft_t.append((first_byte - recv) / 1e6)
         err.append(ttft_c[-1] - ttft_t[-1])
     return Accuracy(
+        client=name,
         rate=rate,
         n=len(err),
         delay_ms=delay_ms,
@@ -106,6 +113,7 @@ def run_accuracy(
         for rate, n in zip(rates, n_requests):
             setup.say(f"timing accuracy at {rate:g} req/s ({n} requests, Poisson arrivals)")
             out.append(_accuracy_point(setup, children, url, rate, n, delay_ms))
+            out.append(_floor_point(setup, children, url, rate, n, delay_ms))
     finally:
         target.stop()
     return out
@@ -126,8 +134,29 @@ def _accuracy_point(setup: Setup, children: Children, url: str, rate: float, n: 
     records = _get_json(f"{url}/_log")
     client = json.loads(samples.read_text())["samples"][0]
     acc = match(client, records, rate, delay_ms)
-    setup.say(
-        f"  error (our TTFT - target's): p50 {acc.error_ms['p50']:.3f} ms, p99 {acc.error_ms['p99']:.3f} ms"
-        f" over {acc.n} requests"
-    )
+    _say_error(setup, acc)
     return acc
+
+
+def _floor_point(setup: Setup, children: Children, url: str, rate: float, n: int, delay_ms: float) -> Accuracy:
+    tag = f"timing_floor_r{rate:g}"
+    samples = setup.out_dir / f"{tag}.json"
+    argv = [
+        setup.python, "-m", "benchmarks.loadgen.drive_floor", "--base-url", url, "--rate", f"{rate:g}",
+        "--requests", str(n), "--warmup", str(setup.warmup), "--clear-url", f"{url}/_log", "--out", str(samples),
+    ]  # fmt: skip
+    child = Child(f"floor driver {rate:g}", argv, setup.out_dir / f"{tag}.log", cpus=setup.client_cpus,
+                  cwd=setup.repo, env=setup.env())  # fmt: skip
+    run_child(setup, children, child, 60 + 3 * n / rate, f"floor {rate:g} req/s")
+    records = _get_json(f"{url}/_log")
+    client = json.loads(samples.read_text())["samples"][0]
+    acc = match(client, records, rate, delay_ms, FLOOR)
+    _say_error(setup, acc)
+    return acc
+
+
+def _say_error(setup: Setup, acc: Accuracy) -> None:
+    setup.say(
+        f"  {acc.client}: error (its TTFT - target's) p50 {acc.error_ms['p50']:.3f} ms, "
+        f"p99 {acc.error_ms['p99']:.3f} ms over {acc.n} requests"
+    )
