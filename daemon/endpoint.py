@@ -130,7 +130,7 @@ class Endpoint:
         if not self.has_metrics:
             return {}
         samples = self.scrape_samples(timeout_s)
-        out = _select_all(samples, COUNTER_METRICS)
+        out = select_all(samples, COUNTER_METRICS)
         ok = promtext.select(samples, "vllm:request_success_total", {"finished_reason": OK_FINISH_REASONS})
         if ok is not None:
             out["request_success_ok"] = ok
@@ -141,7 +141,7 @@ class Endpoint:
         ``has_metrics``. Raises :class:`ServerRequestError`."""
         if not self.has_metrics:
             return {}
-        return _select_all(self.scrape_samples(timeout_s), GAUGE_METRICS)
+        return select_all(self.scrape_samples(timeout_s), GAUGE_METRICS)
 
     def wait_idle(self, timeout_s: float, poll_s: float = 0.2) -> bool:
         """Wait until no request is running or waiting. False at the deadline or if the server died.
@@ -199,7 +199,7 @@ class Endpoint:
         return False
 
 
-def _select_all(samples: list[promtext.Sample], names: dict[str, str]) -> dict[str, float]:
+def select_all(samples: list[promtext.Sample], names: dict[str, str]) -> dict[str, float]:
     """``{key: value}`` for each ``key -> metric name`` that the samples have (absent ones left out)."""
     out: dict[str, float] = {}
     for key, name in names.items():

@@ -27,8 +27,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from daemon import promtext
-from daemon.endpoint import COUNTER_METRICS, GAUGE_METRICS, Endpoint
+from daemon.endpoint import COUNTER_METRICS, GAUGE_METRICS, Endpoint, select_all
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +49,7 @@ def endpoint_reader(endpoint: Endpoint) -> Reader:
     wanted = frozenset(names.values())
 
     def read(timeout_s: float) -> dict[str, float]:
-        samples = endpoint.scrape_samples(timeout_s, names=wanted)  # parses ~10 of ~600 lines
-        out: dict[str, float] = {}
-        for key, name in names.items():
-            value = promtext.select(samples, name)
-            if value is not None:
-                out[key] = value
-        return out
+        return select_all(endpoint.scrape_samples(timeout_s, names=wanted), names)  # parses ~10 of ~600 lines
 
     return read
 
