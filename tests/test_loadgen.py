@@ -417,7 +417,13 @@ def check_timing_matches_planted_delays(canned: Canned) -> None:
     m = summarize(res.samples, res.window_s)
     assert m.n_requests == 24 and m.n_errors == 0 and m.total_output_tokens == 24 * out
     ttft_p50, itl_p50 = m.ttft_ms[0], m.itl_ms[0]
-    assert ttft_ms <= ttft_p50 < ttft_ms + 3, ttft_p50
+    # The truth is the server's own stamp of its first chunk: a busy host makes the server's sleep
+    # overshoot the planted delay (host noise, not the client's error), so the client's TTFT is
+    # checked against that stamp, and against the planted delay only as a floor and a sanity bound.
+    true_ttft = [(server[k]["chunk_ns"][0] - s.send_ns) / 1e6 for s, k in zip(res.samples, sample_keys(lp, res.samples))]
+    client_err = [(s.first_token_ns or 0) / 1e6 - s.send_ns / 1e6 - t for s, t in zip(res.samples, true_ttft)]
+    assert min(client_err) > 0 and quantile(client_err, 0.5) < 1.0, client_err
+    assert ttft_ms <= ttft_p50 < ttft_ms + 15, ttft_p50
     assert abs(itl_p50 - itl_ms) < 1.0, itl_p50
     assert abs(m.mean_itl_ms - itl_ms) < 0.5, m.mean_itl_ms
     assert abs(m.mean_tpot_ms - itl_ms) < 0.5, m.mean_tpot_ms
@@ -493,6 +499,32 @@ def test_concurrency_cap_never_exceeded(canned: Canned, rate: float | None) -> N
         assert lags[0] >= 0 and quantile(lags, 0.9) < 10.0, lags
 
 
+def assert_sent_on_schedule(canned: Canned, lp: LoadPoint, res: LoadResult, n: int) -> None:
+    """Request by request, the client sent on the planned schedule and the server received it then.
+
+    The tight bound is on the client's send stamps (what the load generator controls); the
+    server's receipt is checked against the send of the same request with a bound that allows for
+    the canned server, a single Python process, queueing a burst while a slow host delays it."""
+    planned = arrival_gaps(lp)
+    offsets, t = [0.0], 0.0
+    for _ in range(n - 1):
+        t += next(planned)
+        offsets.append(t)
+    by_index = sorted(res.samples, key=lambda s: s.index)
+    assert [s.index for s in by_index] == list(range(n))
+    shift = [(s.send_ns - by_index[0].send_ns) / 1e6 - o * 1e3 for s, o in zip(by_index, offsets)]
+    errs_ms = [abs(x - quantile(shift, 0.5)) for x in shift]  # centred: the first send may be late too
+    if not (quantile(errs_ms, 0.5) < 1.0 and quantile(errs_ms, 0.95) < 5.0):
+        # A starved client (a busy host; bursts of gamma arrivals) may send late, but never
+        # silently: its own lag stamps must account for what the plan comparison shows.
+        lag_p99 = quantile([(s.send_ns - s.scheduled_ns) / 1e6 for s in by_index], 0.99)
+        assert quantile(errs_ms, 0.95) <= lag_p99 + 1.0, (lag_p99, errs_ms)
+    server = by_key(canned.stats())
+    delivery_ms = [(server[k]["recv_ns"] - s.send_ns) / 1e6 for s, k in zip(by_index, sample_keys(lp, by_index))]
+    assert min(delivery_ms) > 0 and quantile(delivery_ms, 0.5) < 3.0 and quantile(delivery_ms, 0.95) < 40.0, \
+        delivery_ms
+
+
 def check_poisson_arrivals_seen_by_server(canned: Canned) -> None:
     rate, n = 40.0, 160
     lp = lp_(request_rate=rate, num_requests=n, output_len=2, seed=11)
@@ -501,15 +533,7 @@ def check_poisson_arrivals_seen_by_server(canned: Canned) -> None:
     recv = sorted(r["recv_ns"] for r in canned.wait_idle()["requests"])
     gaps = [(b - a) / 1e9 for a, b in zip(recv, recv[1:])]
     assert ks_exponential(gaps, rate) < ks_critical(len(gaps))
-    # the server saw the planned schedule, request by request
-    planned = arrival_gaps(lp)
-    offsets, t = [0.0], 0.0
-    for _ in range(n - 1):
-        t += next(planned)
-        offsets.append(t)
-    shift = [(r - recv[0]) / 1e6 - o * 1e3 for r, o in zip(recv, offsets)]
-    errs_ms = [abs(x - quantile(shift, 0.5)) for x in shift]  # centred: the first receipt may be late too
-    assert quantile(errs_ms, 0.5) < 1.0 and quantile(errs_ms, 0.95) < 5.0, errs_ms
+    assert_sent_on_schedule(canned, lp, res, n)
     m = summarize(res.samples, res.window_s, offered_rate=rate)
     assert m.sched_lag_p99_ms is not None and not m.client_fell_behind, m.sched_lag_p99_ms
 
@@ -532,15 +556,7 @@ def check_gamma_arrivals_seen_by_server(canned: Canned, burstiness: float, rate:
     assert ks_statistic(gaps, cdf) < ks_critical(len(gaps)), ks_statistic(gaps, cdf)
     mean, cv = mean_cv(gaps)
     assert abs(mean * rate - 1) < 0.25 and abs(cv * math.sqrt(burstiness) - 1) < 0.3, (mean, cv)
-    # the server saw the planned schedule, request by request
-    planned = arrival_gaps(lp)
-    offsets, t = [0.0], 0.0
-    for _ in range(n - 1):
-        t += next(planned)
-        offsets.append(t)
-    shift = [(r - recv[0]) / 1e6 - o * 1e3 for r, o in zip(recv, offsets)]
-    errs_ms = [abs(x - quantile(shift, 0.5)) for x in shift]
-    assert quantile(errs_ms, 0.5) < 1.0 and quantile(errs_ms, 0.95) < 5.0, errs_ms
+    assert_sent_on_schedule(canned, lp, res, n)
 
 
 @pytest.mark.timeout(180)
@@ -566,9 +582,15 @@ def check_chat_stream_timing(canned: Canned, tokenizer_path: str) -> None:
     assert len(server) == 6 and all(r["chat"] and r["max_tokens"] == out for r in server)
     assert server[0]["body"] == {"model": "canned", "min_tokens": out, "ignore_eos": True, "stream": True,
                                  "stream_options": {"include_usage": True}, "temperature": 0}
+    ttfts = []
     for s in res.samples:
         assert len(s.token_ns) == out and s.output_tokens == out  # the role chunk is not a token
-        assert ttft_ms <= (s.first_token_ns or 0) / 1e6 - s.send_ns / 1e6 < ttft_ms + 5
+        ttfts.append((s.first_token_ns or 0) / 1e6 - s.send_ns / 1e6)
+    # the server's own first-chunk stamps are the truth (see the planted-delays test); the client
+    # adds only the upload and the download of the chunk
+    server_ttfts = [(r["chunk_ns"][0] - r["recv_ns"]) / 1e6 for r in server]
+    assert min(ttfts) >= ttft_ms and max(ttfts) < ttft_ms + 15, ttfts
+    assert 0 < quantile(ttfts, 0.5) - quantile(server_ttfts, 0.5) < 3.0, (ttfts, server_ttfts)
     m = summarize(res.samples, res.window_s)
     assert abs(m.mean_itl_ms - itl_ms) < 1.0, m.mean_itl_ms
 
