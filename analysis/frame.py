@@ -1,0 +1,281 @@
+"""From an experiment's xarray dataset to the flat tables the analyses work on.
+
+Every analysis in this package starts here:
+
+- :func:`parameters` finds the swept engine parameters (``param_*`` coordinates) and their kinds;
+- :func:`trial_table` flattens the dataset into one pandas row per trial, with quantile variables
+  spread into columns (``ttft_ms_p99``) and the derived metrics added (:data:`DERIVED_METRICS`);
+- :func:`design_matrix` encodes parameters as numbers for surrogate models;
+- :func:`metric_sense` says whether more of a metric is better.
+
+Derived metrics (added by :func:`trial_table`):
+
+``output_tokens_per_user``
+    output throughput / concurrency, as vLLM's Pareto plot defines it. Concurrency is the load
+    point's ``max_concurrency``; for open-loop load points without a cap it is the mean number of
+    requests in flight by Little's law (request throughput x mean end-to-end latency), and
+    ``concurrency_source`` says which was used.
+``output_tokens_per_gpu``
+    output throughput / GPUs the config used (``tensor_parallel_size``, default 1; a CPU node
+    counts as one device).
+``output_tokens_per_dollar``
+    output tokens per US dollar, when the spec priced the trial's hardware class
+    (``gpu_hour_prices``: USD per GPU-hour by hardware class); NaN otherwise, never invented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from servetune.schema import QUANTILE_VARIABLES, SCALAR_VARIABLES
+
+PARAM_PREFIX = "param_"
+
+DERIVED_METRICS: tuple[str, ...] = ("output_tokens_per_user", "output_tokens_per_gpu", "output_tokens_per_dollar")
+
+_HIGHER_IS_BETTER = {
+    "request_throughput", "output_throughput", "total_token_throughput", "request_goodput", "slo_attainment",
+    "slos_met", "achieved_rate", "n_completed", "server_prefix_cache_hit_rate", *DERIVED_METRICS,
+}
+_LOWER_IS_BETTER_PREFIXES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "mean_ttft_ms", "mean_tpot_ms",
+                             "mean_itl_ms", "mean_e2el_ms", "n_errors", "sched_lag_p99_ms", "server_startup_s",
+                             "server_preemptions_delta", "server_max_waiting")
+
+ParamKind = Literal["numeric", "bool", "categorical"]
+
+
+class AnalysisInputError(ValueError):
+    """The data or the request cannot support the asked analysis (names the offending value)."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One swept parameter: ``name`` as users write it (``max_num_seqs``, ``env.VLLM_X``), the
+    dataset ``column`` holding it, its ``kind`` and its observed ``levels`` (sorted, missing left out).
+
+    ``log`` is true for positive numeric parameters spanning a ratio of 8 or more (batch sizes,
+    token budgets): models and plots then use their log2.
+    """
+
+    name: str
+    column: str
+    kind: ParamKind
+    levels: tuple[Any, ...]
+    log: bool = False
+
+    def encode(self, values: Sequence[Any] | np.ndarray | pd.Series) -> np.ndarray:
+        """Numbers for a model: log2 or raw for numeric, 0/1 for bool, level index for categorical.
+        Missing values (vLLM's default: the flag was not passed) become NaN."""
+        arr = np.asarray(values, dtype=object)
+        out = np.full(len(arr), np.nan)
+        for i, v in enumerate(arr):
+            if _missing(v):
+                continue
+            if self.kind == "numeric":
+                x = float(v)
+                out[i] = math.log2(x) if self.log else x
+            elif self.kind == "bool":
+                out[i] = 1.0 if _truthy(v) else 0.0
+            else:
+                out[i] = float(self.levels.index(v)) if v in self.levels else np.nan
+        return out
+
+    def decode(self, x: float) -> Any:
+        """The parameter value for an encoded number (the nearest level for bool/categorical)."""
+        if self.kind == "numeric":
+            return 2.0 ** x if self.log else x
+        idx = int(round(x))
+        if self.kind == "bool":
+            return bool(idx)
+        return self.levels[max(0, min(len(self.levels) - 1, idx))]
+
+
+def _missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    return isinstance(v, str) and v == ""
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+def parameters(ds: xr.Dataset, names: Sequence[str] | None = None, include_constant: bool = False) -> list[Parameter]:
+    """The swept parameters of ``ds`` (those taking more than one value), or exactly ``names``.
+
+    Raises :class:`AnalysisInputError` naming an unknown parameter."""
+    columns = [str(c) for c in ds.coords if str(c).startswith(PARAM_PREFIX)]
+    by_name = {c.removeprefix(PARAM_PREFIX): c for c in columns}
+    if names is not None:
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise AnalysisInputError(
+                f"unknown parameter {unknown[0]!r}; the dataset has: {', '.join(sorted(by_name)) or 'none'}")
+        chosen = [by_name[n] for n in names]
+    else:
+        chosen = columns
+    out: list[Parameter] = []
+    for col in chosen:
+        values = ds[col].values
+        p = _describe(col, values)
+        if names is not None or include_constant or len(p.levels) > 1:
+            out.append(p)
+    return out
+
+
+def _describe(column: str, values: np.ndarray) -> Parameter:
+    present = [v for v in values.tolist() if not _missing(v)]
+    name = column.removeprefix(PARAM_PREFIX)
+    if values.dtype == bool or (present and all(isinstance(v, bool) for v in present)):
+        return Parameter(name, column, "bool", tuple(sorted({bool(v) for v in present})))
+    if values.dtype.kind in "if":
+        levels = tuple(sorted({float(v) for v in present}))
+        levels = tuple(int(v) if float(v).is_integer() else v for v in levels)
+        log = bool(levels) and min(levels) > 0 and max(levels) / min(levels) >= 8
+        return Parameter(name, column, "numeric", levels, log)
+    strs = sorted({str(v) for v in present})
+    if strs and set(s.lower() for s in strs) <= {"true", "false", "0", "1"}:
+        return Parameter(name, column, "bool", tuple(_truthy(s) for s in strs))
+    try:
+        nums = [float(s) for s in strs]
+    except ValueError:
+        return Parameter(name, column, "categorical", tuple(strs))
+    levels_n = tuple(sorted(set(nums)))
+    log = bool(levels_n) and min(levels_n) > 0 and max(levels_n) / min(levels_n) >= 8
+    return Parameter(name, column, "numeric", levels_n, log)
+
+
+def metric_sense(metric: str) -> int:
+    """+1 when more of ``metric`` is better (throughput), -1 when less is (latency, errors)."""
+    if metric in _HIGHER_IS_BETTER:
+        return 1
+    if metric.startswith(_LOWER_IS_BETTER_PREFIXES):
+        return -1
+    raise AnalysisInputError(f"unknown metric {metric!r}; known: {', '.join(known_metrics())}")
+
+
+def known_metrics() -> list[str]:
+    qnames = [f"{v}_p{q}" for v in QUANTILE_VARIABLES for q in (50, 90, 95, 99)]
+    return [*SCALAR_VARIABLES, *qnames, *DERIVED_METRICS]
+
+
+def quantile_column(var: str, q: float) -> str:
+    """``ttft_ms`` at 0.99 -> ``ttft_ms_p99`` (0.999 -> ``ttft_ms_p99.9``)."""
+    pct = q * 100
+    return f"{var}_p{int(round(pct))}" if abs(pct - round(pct)) < 1e-9 else f"{var}_p{pct:g}"
+
+
+def trial_table(ds: xr.Dataset) -> pd.DataFrame:
+    """One row per trial: every ``trial`` coordinate, every scalar variable, quantile variables as
+    ``<var>_p<q>`` columns and the derived metrics; the index is the dataset's ``trial`` index."""
+    cols: dict[str, Any] = {}
+    for name, coord in ds.coords.items():
+        if coord.dims == ("trial",) and name != "trial":
+            cols[str(name)] = coord.values
+    for name, var in ds.data_vars.items():
+        if var.dims == ("trial",):
+            cols[str(name)] = var.values
+        elif var.dims == ("trial", "quantile"):
+            for j, q in enumerate(ds["quantile"].values.tolist()):
+                cols[quantile_column(str(name), float(q))] = var.values[:, j]
+    df = pd.DataFrame(cols, index=pd.Index(ds["trial"].values, name="trial"))
+    _add_derived(df, _prices(ds))
+    return df
+
+
+def _prices(ds: xr.Dataset) -> dict[str, float]:
+    raw = ds.attrs.get("gpu_hour_prices", "")
+    if not raw:
+        return {}
+    data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    return {str(k): float(v) for k, v in data.items()}
+
+
+def _add_derived(df: pd.DataFrame, prices: dict[str, float]) -> None:
+    n = len(df)
+    out_tp = df["output_throughput"].to_numpy(dtype=float) if "output_throughput" in df else np.full(n, np.nan)
+    conc = df["max_concurrency"].to_numpy(dtype=float) if "max_concurrency" in df else np.full(n, np.nan)
+    source = np.where(np.isfinite(conc), "max_concurrency", "littles_law")
+    if "request_throughput" in df and "mean_e2el_ms" in df:
+        little = df["request_throughput"].to_numpy(dtype=float) * df["mean_e2el_ms"].to_numpy(dtype=float) / 1000.0
+    else:
+        little = np.full(n, np.nan)
+    conc = np.where(np.isfinite(conc), conc, little)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df["concurrency"] = conc
+        df["concurrency_source"] = np.where(np.isfinite(conc), source, "")
+        df["output_tokens_per_user"] = np.where(conc > 0, out_tp / conc, np.nan)
+        tp = df["param_tensor_parallel_size"].to_numpy(dtype=float) if "param_tensor_parallel_size" in df else np.ones(n)
+        gpus = np.where(np.isfinite(tp) & (tp > 0), tp, 1.0)
+        df["gpus"] = gpus
+        df["output_tokens_per_gpu"] = out_tp / gpus
+        hw = df["hardware_class"].astype(str).to_numpy() if "hardware_class" in df else np.full(n, "")
+        price = np.array([prices.get(h, np.nan) for h in hw], dtype=float)
+        df["gpu_hour_price"] = price
+        df["output_tokens_per_dollar"] = out_tp * 3600.0 / (gpus * price)
+
+
+def design_matrix(df: pd.DataFrame, params: Sequence[Parameter]) -> np.ndarray:
+    """``len(df) x len(params)`` float matrix of encoded parameter values (see :meth:`Parameter.encode`)."""
+    if not params:
+        return np.empty((len(df), 0))
+    return np.column_stack([p.encode(df[p.column].to_numpy()) for p in params])
+
+
+def filter_trials(
+    df: pd.DataFrame,
+    status: str | Sequence[str] | None = None,
+    load_point: str | Sequence[str] | None = None,
+    dataset: str | Sequence[str] | None = None,
+    hardware_class: str | Sequence[str] | None = None,
+    include_baseline: bool = False,
+    **param_values: Any,
+) -> pd.DataFrame:
+    """Rows matching every given filter. A parameter filter is a value, a list of values, or a
+    ``(low, high)`` tuple (inclusive) for numeric parameters, keyed by parameter name."""
+    mask = np.ones(len(df), dtype=bool)
+    for col, want in (("status", status), ("load_point", load_point), ("dataset", dataset),
+                      ("hardware_class", hardware_class)):
+        if want is None:
+            continue
+        wanted = [want] if isinstance(want, str) else list(want)
+        mask &= df[col].astype(str).isin(wanted).to_numpy()
+    if not include_baseline and "is_baseline" in df:
+        mask &= ~df["is_baseline"].astype(bool).to_numpy()
+    for name, want in param_values.items():
+        col = PARAM_PREFIX + name
+        if col not in df:
+            raise AnalysisInputError(f"unknown parameter {name!r} in a filter")
+        values = df[col]
+        if isinstance(want, tuple) and len(want) == 2:
+            num = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+            mask &= (num >= float(want[0])) & (num <= float(want[1]))
+        elif isinstance(want, (list, set, frozenset)):
+            mask &= values.isin(list(want)).to_numpy()
+        else:
+            mask &= (values == want).to_numpy()
+    return df[mask]
+
+
+def groups(df: pd.DataFrame, by: Sequence[str] = ("load_point", "hardware_class")) -> list[tuple[dict[str, str], pd.DataFrame]]:
+    """Split ``df`` into scenario x hardware-class groups (incomparable hardware never shares a ranking)."""
+    keys = [k for k in by if k in df]
+    if not keys:
+        return [({}, df)]
+    out = []
+    for values, sub in df.groupby(keys, sort=True):
+        vals = values if isinstance(values, tuple) else (values,)
+        out.append(({k: str(v) for k, v in zip(keys, vals)}, sub))
+    return out
