@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 
+from coordinator.commands import analyze as analyze_cmd
 from coordinator.commands import sweep as sweep_cmd
 from coordinator.commands import validate as validate_cmd
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     validate_cmd.register(sub)
     sweep_cmd.register(sub)
+    analyze_cmd.register(sub)
     return parser
 
 

@@ -144,6 +144,7 @@ def build_dataset(store: Store) -> xr.Dataset:
             "swept_parameters": json.dumps(swept),
             "slos": json.dumps(spec_json.get("slos", [])),
             "ranking": json.dumps(spec_json.get("ranking", {})),
+            "gpu_hour_prices": json.dumps(spec_json.get("gpu_hour_prices") or {}, sort_keys=True),
         }
     )
     return ds

@@ -31,7 +31,11 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     configs = plan.configs()
     trials = plan.trials()
     swept = swept_names(configs.values()) or None
-    table = Table(title=f"plan for {spec.name}: {plan.design} design, order "
+    sampled = ""
+    if plan.design != "grid":
+        n_sampled = len({b.config_id for b in plan.batches if not b.is_baseline})
+        sampled = f" ({n_sampled} of {len(spec.engine.expand())} engine configs, seed {spec.planner.seed})"
+    table = Table(title=f"plan for {spec.name}: {plan.design} design{sampled}, order "
                         + (f"randomised (seed {plan.seed})" if plan.randomized else "as written"))
     table.add_column("#", justify="right")
     table.add_column("config_id")
@@ -62,6 +66,8 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
         f"{_fmt_duration(plan.estimate_seconds(server_start_s=0 if external else 50))}"
         + ("" if external else " (about 50 s per server start on a 2-core CPU machine)")
     )
+    for note in plan.notes:
+        console.print(f"note: {note}")
     console.print("dry run: nothing was started or written")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from coordinator.dataset import write_dataset
+from coordinator.planning import plan_experiment
 from coordinator.progress import SweepProgress
 from coordinator.scheduler import BatchWork, Scheduler
 from coordinator.store import Store
@@ -38,7 +39,6 @@ from servetune.manifest import (
     Plan,
     PlannedBatch,
     TrialManifest,
-    plan_grid,
     rate_sweep_followups,
     rate_sweep_rates,
     sweep_parent,
@@ -221,7 +221,7 @@ class SweepRunner:
         self.opts = options
         # Piped output (CI logs, tests) is never wrapped, so every message stays one greppable line.
         self.console = options.console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
-        self.plan = plan_grid(spec)
+        self.plan = plan_experiment(spec)
         self.spec_hash = spec.spec_hash()
         self.coordinator_id = f"coord-{uuid.uuid4().hex[:8]}"
         self.store: Store | None = None

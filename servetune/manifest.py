@@ -1,4 +1,5 @@
-"""Engine configs, trial manifests and the grid plan.
+"""Engine configs, trial manifests and plans (the grid and random designs; quasi-random lives in
+the coordinator, which has scipy).
 
 A :class:`TrialManifest` is frozen canonical JSON; its sha256 is the trial id. It names the model
 by what it is (``tiny`` + generator version, a hub id + revision, or a local model's folder name +
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,6 +210,39 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
     shuffled under ``planner.seed``; the order is part of the plan and recorded with the results.
     Baseline batches run first, after every ``baseline.every_batches`` batches, and last.
     """
+    configs = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
+    return plan_configs(spec, configs, design="grid")
+
+
+def sample_count(spec: ExperimentSpec, n_available: int) -> tuple[int, tuple[str, ...]]:
+    """How many configs a sampled design takes from ``n_available``: ``planner.n_configs``, or all
+    of them (with a note saying so) when it asks for more than the engine space holds."""
+    wanted = spec.planner.n_configs
+    if wanted is None:
+        raise ValueError(f"planner.kind {spec.planner.kind!r} needs planner.n_configs")
+    if wanted > n_available:
+        note = (f"planner.n_configs ({wanted}) exceeds the {n_available} engine config(s) the engine space "
+                "describes: all of them are planned")
+        return n_available, (note,)
+    return wanted, ()
+
+
+def plan_random(spec: ExperimentSpec) -> Plan:
+    """The random design: ``planner.n_configs`` engine configs drawn uniformly at random, without
+    replacement, from those :meth:`~servetune.spec.EngineSpace.expand` yields (seeded by
+    ``planner.seed``), kept in the engine space's order; then planned like :func:`plan_grid`."""
+    everything = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
+    n, notes = sample_count(spec, len(everything))
+    picker = random.Random(f"servetune-random-design:{spec.planner.seed}")
+    chosen = sorted(picker.sample(range(len(everything)), n))
+    return plan_configs(spec, [everything[i] for i in chosen], design="random", notes=notes)
+
+
+def plan_configs(
+    spec: ExperimentSpec, configs: Sequence[EngineConfig], *, design: str = "grid", notes: Sequence[str] = ()
+) -> Plan:
+    """Plan ``configs`` (chosen by a design, in the engine space's order) x load point x repeat, as
+    :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan."""
     rng = random.Random(spec.planner.seed)
     ident = model_identity(spec.model)
     backend = spec.backend.kind
@@ -234,7 +268,6 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
         )
         return PlannedBatch(index=-1, config=config, trials=trials, is_baseline=baseline_run is not None)
 
-    configs = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
     work = [(c, r) for r in range(spec.repeats) for c in configs]
     if spec.planner.randomize:
         rng.shuffle(work)
@@ -263,8 +296,9 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
     return Plan(
         experiment=spec.name,
         batches=batches,
-        design="grid",
+        design=design,
         randomized=spec.planner.randomize,
         seed=spec.planner.seed,
+        notes=tuple(notes),
         followup_rates={lp.name: lp.rate_sweep.num_rates for lp in spec.load_points if lp.rate_sweep},
     )

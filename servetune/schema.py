@@ -33,9 +33,14 @@ Variables on ``trial``
 Variables on ``trial x quantile``
     ``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``.
 Attributes
-    ``schema_version``, ``experiment``, ``spec_hash``, ``design``, ``randomized``,
-    ``planner_seed``, ``run_order`` (JSON list of trial ids in planned order), ``vllm_version``,
-    ``model`` (JSON identity), ``created_at``, ``swept_parameters`` (JSON list), ``slos`` (JSON).
+    ``schema_version``, ``experiment``, ``spec_hash``, ``design`` (the planner's design:
+    ``grid``, ``random`` or ``quasi-random``; "" when unknown), ``randomized`` (1 when the run
+    order was shuffled under the seed, else 0), ``planner_seed``, ``run_order`` (JSON list of
+    trial ids in planned order), ``vllm_version``, ``hardware_classes`` (comma-separated),
+    ``model`` (JSON identity), ``created_at_us``, ``swept_parameters`` (JSON list), ``slos``
+    (JSON), ``ranking`` (JSON), ``gpu_hour_prices`` (JSON object: hardware class, as the
+    ``hardware_class`` coordinate names it, -> US dollars per GPU-hour, from the current spec's
+    optional ``gpu_hour_prices``; ``"{}"`` when the spec gives none).
 
 Per-request samples and server-metric time series are per-trial artifacts under
 ``results/<trial_id>/`` (``outcome.samples`` and ``outcome.server_series`` of each attempt's

@@ -6,7 +6,11 @@ Every problem is reported at once as a :class:`~servetune.errors.SpecIssue` with
 
 Sections: ``name``, ``model``, ``engine`` (typed vLLM engine args, fixed and swept, plus server
 environment variables), ``load_points``, ``slos``, ``ranking``, ``repeats``, ``baseline``,
-``planner``, ``budgets``, ``backend``. See ``configs/quickstart.yaml`` for a commented example.
+``planner`` (design ``grid``, ``random`` or ``quasi-random``, ``n_configs``, order randomised under
+a ``seed``), ``budgets``, ``backend``, and the optional ``gpu_hour_prices`` (hardware class, as
+``daemon/fingerprint.py``'s ``hardware_class`` names it, -> US dollars per GPU-hour, each > 0; the
+analysis uses them for per-cost figures and says so when none are given). See
+``configs/quickstart.yaml`` for a commented example, ``configs/random-design.yaml`` for a sampled design.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,12 +26,15 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -157,35 +165,58 @@ class EngineSpace(StrictModel):
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     env_grid: dict[EnvName, Annotated[list[EnvValue], Field(min_length=1)]] = Field(default_factory=dict)
 
+    def axes(self) -> list[tuple[str, list[Any]]]:
+        """The grid's axes in a stable order: swept engine args by name (field order), then swept
+        environment variables as ``env.NAME`` (sorted), each with its values as written."""
+        grid = typing.cast(BaseModel, self.grid).model_dump()
+        out: list[tuple[str, list[Any]]] = [(k, list(v)) for k, v in grid.items() if v is not None]
+        out += [(f"env.{k}", list(v)) for k, v in sorted(self.env_grid.items())]
+        return out
+
+    def config_at(self, levels: typing.Sequence[int]) -> tuple[EngineArgs, dict[str, str]]:
+        """The grid config at one level index per axis of :meth:`axes`, merged over ``fixed``/``env``."""
+        axes = self.axes()
+        if len(levels) != len(axes):
+            raise ValueError(f"{len(levels)} level(s) given for {len(axes)} axes")
+        args: dict[str, Any] = self.fixed.model_dump(exclude_none=True)
+        env: dict[str, str] = dict(self.env)
+        for (name, values), level in zip(axes, levels):
+            if name.startswith("env."):
+                env[name.removeprefix("env.")] = values[level]
+            else:
+                args[name] = values[level]
+        return EngineArgs(**args), env
+
     def expand(self) -> list[tuple[EngineArgs, dict[str, str]]]:
         """Every engine configuration this space describes, in a stable order, duplicates removed."""
-        grid = typing.cast(BaseModel, self.grid).model_dump()
-        grid_items = [(k, v) for k, v in grid.items() if v is not None]
+        axes = self.axes()
+        n_grid = sum(1 for name, _ in axes if not name.startswith("env."))
         env_items = sorted(self.env_grid.items())
         base = self.fixed.model_dump(exclude_none=True)
         out: list[tuple[EngineArgs, dict[str, str]]] = []
         seen: set[str] = set()
 
-        def add(args: dict[str, Any], env: dict[str, str]) -> None:
-            key = json.dumps([args, env], sort_keys=True)
+        def add(args: EngineArgs, env: dict[str, str]) -> None:
+            key = config_key(args, env)
             if key not in seen:
                 seen.add(key)
-                out.append((EngineArgs(**args), env))
+                out.append((args, env))
 
-        grid_combos = list(itertools.product(*[v for _, v in grid_items])) if grid_items else [()]
+        if n_grid or not self.configs:
+            for levels in itertools.product(*[range(len(values)) for _, values in axes]):
+                add(*self.config_at(levels))
         env_combos = list(itertools.product(*[v for _, v in env_items])) if env_items else [()]
-        if grid_items or not self.configs:
-            for combo in grid_combos:
-                for env_combo in env_combos:
-                    args = {**base, **dict(zip([k for k, _ in grid_items], combo))}
-                    env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo))}
-                    add(args, env)
         for explicit in self.configs:
             extra = explicit.model_dump(exclude_none=True, exclude={"env"})
             for env_combo in env_combos:
                 env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo)), **explicit.env}
-                add({**base, **extra}, env)
+                add(EngineArgs(**{**base, **extra}), env)
         return out
+
+
+def config_key(args: EngineArgs, env: dict[str, str]) -> str:
+    """A canonical string naming one engine config (set args and environment), for deduplication."""
+    return json.dumps([args.model_dump(exclude_none=True), env], sort_keys=True)
 
 
 class LengthDist(StrictModel):
@@ -395,10 +426,42 @@ class BaselineSpec(StrictModel):
     load_points: list[Name] | None = Field(None, description="subset of load point names; default all")
 
 
+PlannerKind = Literal["grid", "random", "quasi-random"]
+#: Designs that sample ``n_configs`` engine configs from the engine space instead of taking them all.
+SAMPLED_DESIGNS: tuple[str, ...] = ("random", "quasi-random")
+
+
 class PlannerSpec(StrictModel):
-    kind: Literal["grid"] = "grid"
+    """Which engine configs to run and in what order (the design, recorded with the results).
+
+    ``grid``: every config the engine space describes. ``random``: ``n_configs`` of them drawn
+    uniformly at random without replacement under ``seed``. ``quasi-random``: ``n_configs``
+    distinct configs from a scrambled Sobol sequence (seeded) over the grid's axes (``engine.grid``
+    and ``engine.env_grid``, each value list mapped to equal slices of [0, 1)). Asking for more
+    configs than the space holds plans all of them (with a note). ``randomize`` shuffles the batch
+    order and the load points inside each batch under ``seed``.
+    """
+
+    kind: PlannerKind = "grid"
+    n_configs: int | None = Field(
+        None, ge=1, validate_default=True, description="random / quasi-random: how many engine configs to sample"
+    )
     randomize: bool = True
     seed: int = Field(0, ge=0)
+
+    @field_validator("n_configs")
+    @classmethod
+    def _n_configs_for_kind(cls, value: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("kind")
+        if kind is None:
+            return value  # kind itself was refused: that is the error to report
+        if kind in SAMPLED_DESIGNS and value is None:
+            raise ValueError(f"planner.n_configs is required when planner.kind is {kind!r} "
+                             "(how many engine configs to sample)")
+        if kind == "grid" and value is not None:
+            raise ValueError("planner.n_configs only applies to planner.kind 'random' or 'quasi-random'; "
+                             "the grid design runs every config (leave n_configs out)")
+        return value
 
 
 class Budgets(StrictModel):
@@ -444,6 +507,30 @@ class BackendSpec(StrictModel):
         return self
 
 
+HARDWARE_CLASS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}$")
+
+
+def _hardware_class_name(value: str) -> str:
+    if not HARDWARE_CLASS_PATTERN.match(value):
+        raise ValueError(f"{value!r} is not a hardware class name: write it as the daemon's fingerprint does, "
+                         "e.g. 1xH100-80GB, 2xA100-80GB+1xT4-15GB or cpu-16c-AVX512")
+    return value
+
+
+def _price(value: Any) -> Any:
+    """A price is a YAML number: a string or a boolean is refused rather than converted."""
+    if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number of US dollars per GPU-hour, got {value!r}")
+    return value
+
+
+#: A hardware class as ``daemon/fingerprint.py`` names it: ``1xH100-80GB``, ``2xA100-80GB+1xT4-15GB``,
+#: ``cpu-16c-AVX512``.
+HardwareClassName = Annotated[str, AfterValidator(_hardware_class_name)]
+#: US dollars per GPU-hour: a finite number above zero.
+GpuHourPrice = Annotated[float, BeforeValidator(_price), Field(gt=0, allow_inf_nan=False)]
+
+
 class ExperimentSpec(StrictModel):
     """A whole experiment. Build it with :func:`load_spec` to get every check, not just types."""
 
@@ -459,12 +546,25 @@ class ExperimentSpec(StrictModel):
     planner: PlannerSpec = Field(default_factory=PlannerSpec)
     budgets: Budgets = Field(default_factory=Budgets)
     backend: BackendSpec = Field(default_factory=BackendSpec)
+    gpu_hour_prices: dict[HardwareClassName, GpuHourPrice] = Field(
+        default_factory=dict,
+        description="hardware class (as the daemon's fingerprint names it) -> US dollars per GPU-hour",
+    )
 
     def spec_hash(self) -> str:
-        """sha256 of the canonical JSON of the validated spec (defaults filled in)."""
+        """sha256 of the canonical JSON of the validated spec (defaults filled in).
+
+        Sections added later are left out while they hold their default, so a spec written before
+        they existed keeps its hash.
+        """
         from servetune.canonical import sha256_json
 
-        return sha256_json(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if not data["gpu_hour_prices"]:
+            del data["gpu_hour_prices"]
+        if data["planner"]["n_configs"] is None:
+            del data["planner"]["n_configs"]
+        return sha256_json(data)
 
 
 # --------------------------------------------------------------------------- loading & checks
@@ -545,6 +645,8 @@ def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[s
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
+        if part == "[key]":
+            continue  # pydantic's marker for "the key itself is bad": the path already ends with it
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -641,7 +743,8 @@ def engine_combination_problems(args: EngineArgs, arch: dict[str, Any] | None) -
 
 
 def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
-    """Checks beyond types: model presence, unique names, refused engine combinations, lengths."""
+    """Checks beyond types: model presence, unique names, the design's engine space, refused engine
+    combinations, lengths."""
     issues: list[SpecIssue] = []
     if spec.model.source == "path" and spec.model.path:
         p = Path(spec.model.path)
@@ -657,6 +760,10 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                                               "engine args and env cannot be applied; leave `engine` out"))
         if spec.baseline is not None:
             issues.append(SpecIssue("baseline", "a baseline engine config needs backend 'vllm'"))
+    if spec.planner.kind == "quasi-random" and spec.engine.configs:
+        issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
+                                "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
+                                "into engine.grid or use planner.kind 'random'"))
     names = [lp.name for lp in spec.load_points]
     if DERIVED_MARK in spec.name:
         issues.append(SpecIssue("name", f"{DERIVED_MARK!r} is not allowed in an experiment name"))

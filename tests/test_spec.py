@@ -91,6 +91,34 @@ def test_missing_model_path_and_malformed_yaml(tmp_path: Path) -> None:
     assert issues and "malformed YAML at line" in issues[0]
 
 
+def test_gpu_hour_prices_optional_and_checked() -> None:
+    assert parse_spec(GOOD).gpu_hour_prices == {}
+    spec = parse_spec(GOOD + "gpu_hour_prices: {1xH100-80GB: 2.49, cpu-16c-AVX512: 1}\n")
+    assert spec.gpu_hour_prices == {"1xH100-80GB": 2.49, "cpu-16c-AVX512": 1.0}
+    bad = GOOD + (
+        "gpu_hour_prices: {1xH100-80GB: 0, 1xA100-80GB: -1.5, 1xL4-24GB: cheap, 1xT4-15GB: '2.5', "
+        "1xA10-24GB: true, 1xB200-180GB: .inf, 1xH200-141GB: null, 'two words': 1}\n"
+    )
+    issues = _issues(bad)
+    assert len(issues) == 8, issues
+    expected = {
+        "gpu_hour_prices.1xH100-80GB: Input should be greater than 0",
+        "gpu_hour_prices.1xA100-80GB: Input should be greater than 0",
+        "gpu_hour_prices.1xL4-24GB: must be a number of US dollars per GPU-hour, got 'cheap'",
+        "gpu_hour_prices.1xT4-15GB: must be a number of US dollars per GPU-hour, got '2.5'",
+        "gpu_hour_prices.1xA10-24GB: must be a number of US dollars per GPU-hour, got True",
+        "gpu_hour_prices.1xB200-180GB: Input should be a finite number",
+        "gpu_hour_prices.1xH200-141GB: must be a number of US dollars per GPU-hour, got None",
+        "gpu_hour_prices.two words: 'two words' is not a hardware class name",
+    }
+    for needle in expected:
+        assert any(i.startswith(needle) for i in issues), (needle, issues)
+    issues = _issues(GOOD + "gpu_hour_prices: [2.5]\n")
+    assert any(i.startswith("gpu_hour_prices: Input should be a valid dictionary") for i in issues), issues
+    issues = _issues(GOOD + "gpu_hour_price: {1xH100-80GB: 2}\n")
+    assert any(i.startswith("gpu_hour_price: unknown key") and "gpu_hour_prices" in i for i in issues), issues
+
+
 def test_every_problem_reported_at_once() -> None:
     bad = GOOD.replace("repeats: 2", "repeats: 0").replace("metric: ttft_ms", "metric: nope")
     assert len(_issues(bad)) >= 2
@@ -144,6 +172,9 @@ def test_baseline_batches_first_every_k_and_last() -> None:
         (("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 3}"), "max_num_seqs"),
         (("model: {source: tiny}", "model: {source: path, path: /nonexistent/model}"), "model.path"),
         (("load_points:", "load_points: ["), "malformed YAML"),
+        (("repeats: 2", "repeats: 2\ngpu_hour_prices: {1xH100-80GB: -3}"),
+         "gpu_hour_prices.1xH100-80GB: Input should be greater than 0"),
+        (("repeats: 2", "repeats: 2\nplanner: {kind: random}"), "planner.n_configs: planner.n_configs is required"),
     ],
 )
 def test_cli_refuses_bad_specs_and_writes_nothing(tmp_path: Path, mutation: tuple[str, str], needle: str) -> None:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from coordinator.planning import plan_experiment
 from servetune.errors import SpecError
-from servetune.manifest import plan_grid
 from servetune.spec import load_spec
 
 
@@ -23,11 +23,18 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
-    plan = plan_grid(spec)
+    plan = plan_experiment(spec)
     n_configs = len(plan.configs())
+    sampled = ""
+    if plan.design != "grid":
+        n_sampled = len({b.config_id for b in plan.batches if not b.is_baseline})
+        sampled = (f"{plan.design} design, seed {spec.planner.seed}: {n_sampled} of "
+                   f"{len(spec.engine.expand())} engine configs; ")
     print(
         f"ok: {spec.name}: {n_configs} engine config(s) x {len(spec.load_points)} load point(s) x "
         f"{spec.repeats} repeat(s) = {len(plan.trials())} trials in {len(plan.batches)} server starts "
-        f"(estimated {plan.estimate_seconds() / 60:.1f} min)"
+        f"({sampled}estimated {plan.estimate_seconds() / 60:.1f} min)"
     )
+    for note in plan.notes:
+        print(f"note: {note}")
     return 0
