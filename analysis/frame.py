@@ -221,8 +221,10 @@ def _add_derived(df: pd.DataFrame, prices: dict[str, float]) -> None:
         gpus = np.where(np.isfinite(tp) & (tp > 0), tp, 1.0)
         df["gpus"] = gpus
         df["output_tokens_per_gpu"] = out_tp / gpus
-        hw = df["hardware_class"].astype(str).to_numpy() if "hardware_class" in df else np.full(n, "")
-        price = np.array([prices.get(h, np.nan) for h in hw], dtype=float)
+        if "hardware_class" in df and prices:
+            price = df["hardware_class"].map(prices).to_numpy(dtype=float)  # unpriced classes: NaN
+        else:
+            price = np.full(n, np.nan)
         df["gpu_hour_price"] = price
         df["output_tokens_per_dollar"] = out_tp * 3600.0 / (gpus * price)
 

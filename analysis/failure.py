@@ -1,0 +1,654 @@
+"""Failure probability by parameter region: Wilson intervals per region and a logistic model.
+
+What counts as a failure
+    Every failed trial carries a ``failure_kind`` and the kinds are never pooled:
+
+    ``measurement``
+        the config itself failed: out of memory, the server would not start, it died under load.
+        This is THE config failure and what the model describes by default (``kinds``).
+    ``config``, ``parse``
+        the config was rejected before it ran, or its result could not be read.
+    ``transport``
+        the daemon or the connection to it was lost: not a property of the config.
+
+    Each kind is counted and reported on its own (:attr:`FailureResult.by_kind`). Trials that
+    failed with a kind *not* in ``kinds`` are left out of the regional rates and the model (their
+    outcome for the modelled kind is unknown, so they are neither failures nor successes); holes
+    (status ``hole``: planned, never run) are not failures either and are only counted. Baseline
+    re-runs (``is_baseline``) are drift controls of a single config and are left out.
+
+Groups
+    Hardware classes are analysed separately (a config that fits one GPU may not fit another):
+    :attr:`FailureResult.groups` holds one :class:`FailureGroup` per hardware class. Trials at
+    every load point are pooled unless ``load_point`` picks one (each trial is one Bernoulli
+    observation of the config).
+
+Regions
+    Cells of the swept parameters' levels. A parameter with at most ``max_bins`` (4) levels keeps
+    its levels; a numeric one with more is cut into at most ``max_bins`` bins of whole levels with
+    roughly equal trial counts (quantile bins), or at the cut points the caller gives (``cuts``);
+    a config that leaves a parameter at vLLM's default falls in the region ``default``. Regions
+    are every single parameter's cells, then the cells of parameter pairs, pairs taken in order of
+    their failure-rate spread (highest cell rate minus lowest, over cells with at least
+    ``_MIN_CELL`` trials) while the total stays within ``max_regions``; the output says how many
+    pairs were examined of how many (:attr:`FailureResult.subsampled`). Each region reports its
+    trials, failures and the rate with a Wilson score interval.
+
+Model
+    A main-effects logistic regression (statsmodels ``Logit``) of failure on the parameters:
+    numeric parameters encoded as in :func:`analysis.frame.design_matrix` (log2 for wide ranges)
+    and standardised, so each coefficient is the change in log-odds per standard deviation of the
+    (encoded) parameter; bool parameters as 0/1; categorical ones as indicators against their first
+    level; a config left at vLLM's default as an indicator ``<name>=default``. Coefficients carry
+    Wald intervals; each region gets the model's mean predicted probability over its trials with a
+    parametric-simulation interval (coefficient draws from their estimated sampling distribution).
+
+    The model is dropped, and the regional Wilson intervals are the answer, when it cannot mean
+    anything: too few events (fewer than 5 failures or 5 successes: caveat ``few_events``; under 10
+    events per model term it is still fitted, with the same caveat), or separation /
+    quasi-separation (caveat ``separation``): statsmodels reports perfect prediction, the fit does
+    not converge, a coefficient or its standard error is huge (|b| > 10 or SE > 10 per standard
+    deviation), or a region with no or only failures is predicted at 0 or 1. Where the model's
+    interval for a region and the region's Wilson interval do not overlap, caveat ``model_misfit``
+    says the main-effects model misses that region (an interaction, most likely).
+
+Caveat ``clustered``: when trials of one config nearly always all fail or all succeed, the trials
+are not independent and the intervals (which treat them as such) are too narrow; the config is then
+the effective unit of replication.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, context_of
+from analysis.frame import AnalysisInputError, Parameter, parameters, trial_table
+
+log = logging.getLogger(__name__)
+
+FAILURE_KINDS: tuple[str, ...] = ("measurement", "config", "parse", "transport")
+UNKNOWN_KIND = "unknown"
+_MIN_CELL = 5
+_COEF_LIMIT = 10.0
+_SE_LIMIT = 10.0
+_EXTREME = 1e-6
+_N_DRAWS = 500
+
+
+@dataclass(frozen=True)
+class KindCount:
+    """Failures of one ``kind`` among ``of`` trials that ran (holes excluded), with a Wilson
+    interval of the rate; ``modelled`` says whether the regions and the model count this kind."""
+
+    kind: str
+    failures: int
+    of: int
+    rate: Interval
+    modelled: bool
+
+
+@dataclass(frozen=True)
+class RegionRate:
+    """One region (a cell of one or two parameters' levels or bins).
+
+    ``params`` and ``levels`` name it (``levels[i]`` is the label of ``params[i]``'s level or bin);
+    ``n`` trials in it, ``failures`` of the modelled kinds; ``rate`` the observed proportion with its
+    Wilson interval; ``predicted`` the logistic model's mean probability over the region's trials
+    with its interval (None when the model was not fitted or fell back); ``statement`` one sentence
+    in the wording the design allows."""
+
+    params: tuple[str, ...]
+    levels: tuple[str, ...]
+    n: int
+    failures: int
+    rate: Interval
+    predicted: Interval | None
+    statement: str
+
+    @property
+    def label(self) -> str:
+        return ", ".join(_region_part(p, v) for p, v in zip(self.params, self.levels))
+
+
+@dataclass(frozen=True)
+class Coefficient:
+    """A logistic-model term: change in log-odds of failure ``per`` unit (Wald interval) and the
+    corresponding odds ratio."""
+
+    term: str
+    per: str
+    log_odds: Interval
+    odds_ratio: Interval
+    p_value: float
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """The failure analysis of one hardware class (and the load point, or ``"all"`` pooled).
+
+    ``n`` trials modelled (ran, not baseline, failed only with a modelled kind if at all),
+    ``failures`` among them; ``model`` is ``"logit"`` (fitted and used), ``"fallback"`` (fitted but
+    meaningless: the regional intervals are the answer) or ``"none"`` (not fitted: too few events
+    or nothing to model); ``coefficients`` only when ``model == "logit"``."""
+
+    hardware_class: str
+    load_point: str
+    n: int
+    failures: int
+    rate: Interval
+    by_kind: list[KindCount]
+    regions: list[RegionRate]
+    model: str
+    coefficients: list[Coefficient]
+
+
+@dataclass(frozen=True)
+class FailureResult:
+    """Failure probability by parameter region (see the module docstring).
+
+    ``kinds`` modelled; ``by_kind`` counts over every analysed trial (all groups); ``n_holes``
+    holes and ``n_baseline`` baseline trials left out; ``groups`` one per hardware class."""
+
+    kinds: tuple[str, ...]
+    level: float
+    n_trials: int
+    n_holes: int
+    n_baseline: int
+    by_kind: list[KindCount]
+    groups: list[FailureGroup]
+    claim: Claim
+    warnings: list[Caveat] = field(default_factory=list)
+    subsampled: list[Subsample] = field(default_factory=list)
+
+
+def wilson_interval(failures: int, n: int, level: float = 0.95) -> Interval:
+    """The Wilson score interval for a binomial proportion ``failures / n`` at ``level``.
+
+    Args:
+        failures: number of events (0..n).
+        n: number of trials; with 0 the interval is NaN.
+        level: two-sided confidence level.
+    Returns:
+        :class:`Interval` with the observed proportion as estimate.
+    """
+    if n <= 0:
+        return Interval(math.nan, math.nan, math.nan, level)
+    if not 0 <= failures <= n:
+        raise AnalysisInputError(f"failures must be within 0..n, got {failures} of {n}")
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    p = failures / n
+    z2 = z * z
+    denom = 1 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    low = 0.0 if failures == 0 else max(0.0, centre - half)
+    high = 1.0 if failures == n else min(1.0, centre + half)
+    return Interval(p, low, high, level)
+
+
+def failure_probability(
+    ds: xr.Dataset,
+    params: Sequence[str] | None = None,
+    load_point: str | None = None,
+    kinds: Sequence[str] | None = None,
+    level: float = 0.95,
+    max_regions: int = 64,
+    seed: int = 0,
+    max_bins: int = 4,
+    cuts: Mapping[str, Sequence[float]] | None = None,
+) -> FailureResult:
+    """Failure probability by parameter region, per hardware class, with failure kinds kept apart.
+
+    Args:
+        ds: an experiment's dataset (:mod:`servetune.schema`).
+        params: parameters to analyse (default: every swept parameter).
+        load_point: analyse this load point only (default: all load points pooled).
+        kinds: failure kinds that count as failures (default ``("measurement",)``); one of
+            ``measurement``, ``config``, ``parse``, ``transport`` or ``unknown`` (no kind recorded).
+        level: confidence level of every interval.
+        max_regions: cap on the number of regions per group (single-parameter cells first, then
+            pairs by failure-rate spread).
+        seed: seeds the coefficient draws behind the model's regional intervals.
+        max_bins: numeric parameters with more levels are cut into this many quantile bins.
+        cuts: explicit cut points for numeric parameters (``{"max_num_seqs": [128]}`` gives the
+            regions ``< 128`` and ``>= 128``).
+    Returns:
+        :class:`FailureResult`.
+    Raises:
+        AnalysisInputError: an unknown parameter, kind or load point, or a bad level.
+    """
+    if not 0 < level < 1:
+        raise AnalysisInputError(f"level must be in (0, 1), got {level!r}")
+    if max_regions < 1:
+        raise AnalysisInputError(f"max_regions must be positive, got {max_regions!r}")
+    known_kinds = (*FAILURE_KINDS, UNKNOWN_KIND)
+    chosen_kinds = tuple(kinds) if kinds is not None else ("measurement",)
+    for k in chosen_kinds:
+        if k not in known_kinds:
+            raise AnalysisInputError(f"unknown failure kind {k!r}; known: {', '.join(known_kinds)}")
+    if not chosen_kinds:
+        raise AnalysisInputError("kinds is empty: name at least one failure kind to model")
+    plist = parameters(ds, params)
+    cuts = dict(cuts or {})
+    by_name = {p.name: p for p in plist}
+    for name in cuts:
+        if name not in by_name:
+            raise AnalysisInputError(f"cuts given for {name!r}, which is not an analysed parameter")
+        if by_name[name].kind != "numeric":
+            raise AnalysisInputError(f"cuts given for {name!r}, which is not numeric")
+
+    df = trial_table(ds)
+    if load_point is not None:
+        lps = set(df["load_point"].astype(str)) if "load_point" in df else set()
+        if load_point not in lps:
+            raise AnalysisInputError(f"unknown load_point {load_point!r}; the dataset has: {', '.join(sorted(lps))}")
+        df = df[df["load_point"].astype(str) == load_point]
+    notes = Notes()
+    is_baseline = df["is_baseline"].astype(bool).to_numpy() if "is_baseline" in df else np.zeros(len(df), bool)
+    n_baseline = int(is_baseline.sum())
+    df = df[~is_baseline]
+    status = df["status"].astype(str).to_numpy()
+    n_holes = int((status == "hole").sum())
+    ran = df[status != "hole"].copy()
+    ran["_kind"] = _kinds(ran)
+    if n_holes:
+        notes.warn("holes", f"{n_holes} planned trial(s) never ran (holes); they are not failures and are left out")
+
+    claim = claim_for(ds)
+    by_kind = _kind_counts(ran, chosen_kinds, level)
+    _kind_caveats(ran, chosen_kinds, notes)
+
+    hw_col = ran["hardware_class"].astype(str) if "hardware_class" in ran else pd.Series("", index=ran.index)
+    groups: list[FailureGroup] = []
+    for hw in sorted(set(hw_col)) if len(ran) else []:
+        sub = ran[hw_col == hw]
+        groups.append(_group(ds, sub, hw, load_point, plist, chosen_kinds, level, max_regions, max_bins, cuts,
+                             seed, claim, notes, multi=len(set(hw_col)) > 1))
+    if not len(ran):
+        notes.warn("no_trials", "no trial ran (after leaving out holes and baselines): nothing to analyse")
+    return FailureResult(
+        kinds=chosen_kinds, level=level, n_trials=len(ran), n_holes=n_holes, n_baseline=n_baseline,
+        by_kind=by_kind, groups=groups, claim=claim, warnings=notes.warnings, subsampled=notes.subsampled,
+    )
+
+
+# ---------------------------------------------------------------- kinds
+
+
+def _kinds(df: pd.DataFrame) -> np.ndarray:
+    """Per trial: "" for ok, else its failure kind ("unknown" when none was recorded)."""
+    status = df["status"].astype(str).to_numpy()
+    kind = df["failure_kind"].astype(str).to_numpy() if "failure_kind" in df else np.full(len(df), "")
+    out = np.where(status == "failed", np.where(kind == "", UNKNOWN_KIND, kind), "")
+    return out.astype(object)
+
+
+def _kind_counts(ran: pd.DataFrame, kinds: tuple[str, ...], level: float) -> list[KindCount]:
+    present = [str(k) for k in ran["_kind"].tolist() if k]
+    names = list(FAILURE_KINDS) + sorted(set(present) - set(FAILURE_KINDS))
+    out = []
+    for k in names:
+        count = sum(1 for v in present if v == k)
+        out.append(KindCount(k, count, len(ran), wilson_interval(count, len(ran), level), k in kinds))
+    return out
+
+
+def _kind_caveats(ran: pd.DataFrame, kinds: tuple[str, ...], notes: Notes) -> None:
+    present = [str(k) for k in ran["_kind"].tolist() if k]
+    other = sorted({k for k in present if k not in kinds})
+    for k in other:
+        count = sum(1 for v in present if v == k)
+        why = {"transport": "the daemon or its connection was lost, which says nothing about the config",
+               UNKNOWN_KIND: "no failure kind was recorded"}.get(k, "not a modelled kind")
+        notes.warn(f"excluded_{k}", f"{count} trial(s) failed with kind {k!r} ({why}); they are counted apart and "
+                                    "left out of the regional rates and the model", subject=k)
+
+
+# ---------------------------------------------------------------- regions
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """A parameter turned into region labels, one per trial."""
+
+    param: Parameter
+    labels: np.ndarray
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return f"{float(v):g}"
+    return str(v)
+
+
+def _factor(p: Parameter, values: np.ndarray, max_bins: int, cuts: Sequence[float] | None) -> _Factor:
+    labels = np.full(len(values), "default", dtype=object)
+    if p.kind != "numeric":
+        for i, v in enumerate(values.tolist()):
+            if not _is_missing(v):
+                labels[i] = _fmt(bool(v) if p.kind == "bool" and not isinstance(v, str) else v)
+        return _Factor(p, labels)
+    num = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(num)
+    if cuts is not None:
+        edges = sorted(float(c) for c in cuts)
+        idx = np.searchsorted(edges, num[ok], side="right")
+        names = [f"< {edges[0]:g}"] + [f"[{a:g}, {b:g})" for a, b in zip(edges[:-1], edges[1:])] + [f">= {edges[-1]:g}"]
+        labels[ok] = [names[i] for i in idx]
+        return _Factor(p, labels)
+    levels, counts = np.unique(num[ok], return_counts=True)
+    if len(levels) <= max_bins:
+        labels[ok] = [_fmt(v) for v in num[ok]]
+        return _Factor(p, labels)
+    # whole levels into at most max_bins bins of roughly equal trial counts
+    target = counts.sum() / max_bins
+    bin_of = np.zeros(len(levels), dtype=int)
+    b, acc = 0, 0.0
+    for i, c in enumerate(counts):
+        if acc >= target * (b + 1) and b < max_bins - 1:
+            b += 1
+        bin_of[i] = b
+        acc += c
+    names = []
+    for j in range(b + 1):
+        members = levels[bin_of == j]
+        names.append(_fmt(members[0]) if len(members) == 1 else f"[{members[0]:g}, {members[-1]:g}]")
+    lookup = {float(v): names[bin_of[i]] for i, v in enumerate(levels)}
+    labels[ok] = [lookup[float(v)] for v in num[ok]]
+    return _Factor(p, labels)
+
+
+def _is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v == "")
+
+
+def _cells(labels: list[np.ndarray]) -> dict[tuple[str, ...], np.ndarray]:
+    """Trial indices of every observed combination of the labels, in a readable order."""
+    frame = pd.DataFrame({i: lab.astype(str) for i, lab in enumerate(labels)})
+    grouped = frame.groupby(list(frame.columns), sort=False).indices
+    out = {(tuple(str(v) for v in key) if isinstance(key, tuple) else (str(key),)): np.asarray(idx, dtype=int)
+           for key, idx in grouped.items()}
+    return dict(sorted(out.items(), key=lambda kv: _sort_key(kv[0])))
+
+
+def _sort_key(key: tuple[str, ...]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for s in key:
+        head = s.lstrip("[<>= ").split(",")[0].rstrip(")]")
+        try:
+            out.append((0, float(head), s))
+        except ValueError:
+            out.append((1, 0.0, s))
+    return tuple(out)
+
+
+def _spread(cells: dict[tuple[str, ...], np.ndarray], y: np.ndarray) -> float:
+    rates = [float(y[idx].mean()) for idx in cells.values() if len(idx) >= _MIN_CELL]
+    return max(rates) - min(rates) if len(rates) >= 2 else 0.0
+
+
+# ---------------------------------------------------------------- one group
+
+
+def _group(ds: xr.Dataset, sub: pd.DataFrame, hw: str, load_point: str | None, plist: list[Parameter],
+           kinds: tuple[str, ...], level: float, max_regions: int, max_bins: int,
+           cuts: dict[str, Sequence[float]], seed: int, claim: Claim, notes: Notes, multi: bool) -> FailureGroup:
+    subject = f"hardware_class={hw}" if multi else ""
+    kind = sub["_kind"].to_numpy()
+    keep = np.array([k == "" or k in kinds for k in kind.tolist()], dtype=bool)
+    data = sub[keep]
+    y = np.array([k in kinds for k in data["_kind"].tolist()], dtype=float)
+    n, fails = len(data), int(y.sum())
+    lp_label = load_point if load_point is not None else "all"
+    by_kind = _kind_counts(sub, kinds, level)
+    ctx = context_of(ds, load_point)
+    if multi:
+        ctx = type(ctx)(hw, ctx.model, ctx.vllm_version, ctx.workload)
+
+    factors = []
+    for p in plist:
+        f = _factor(p, data[p.column].to_numpy(), max_bins, cuts.get(p.name))
+        if len(set(f.labels.tolist())) > 1:
+            factors.append(f)
+    if not factors:
+        notes.warn("no_regions", "no analysed parameter varies among these trials: only the overall rate is reported",
+                   subject)
+    _clustered(data, y, notes, subject)
+
+    regions: list[tuple[tuple[str, ...], tuple[str, ...], np.ndarray]] = []
+    singles = [(f, _cells([f.labels])) for f in factors]
+    singles.sort(key=lambda fc: -_spread(fc[1], y))
+    kept_singles = 0
+    for f, cells in singles:
+        if len(regions) + len(cells) > max_regions:
+            continue
+        kept_singles += 1
+        regions.extend(((f.param.name,), key, idx) for key, idx in cells.items())
+    if kept_singles < len(singles):
+        notes.warn("regions_capped", f"{len(singles) - kept_singles} parameter(s) left out of the regions to stay "
+                                     f"within max_regions={max_regions}", subject)
+    pairs = []
+    for i in range(len(factors)):
+        for j in range(i + 1, len(factors)):
+            cells = _cells([factors[i].labels, factors[j].labels])
+            pairs.append((_spread(cells, y), factors[i], factors[j], cells))
+    pairs.sort(key=lambda t: -t[0])
+    used_pairs = 0
+    for _, fa, fb, cells in pairs:
+        if len(regions) + len(cells) > max_regions:
+            continue
+        used_pairs += 1
+        regions.extend(((fa.param.name, fb.param.name), key, idx) for key, idx in cells.items())
+    if pairs and used_pairs < len(pairs):
+        notes.subsample(f"parameter pairs shown as regions{' (' + subject + ')' if subject else ''}, "
+                        "by failure-rate spread", used_pairs, len(pairs))
+
+    model, coefs, predicted = _model(data, y, [f.param for f in factors], regions, level, seed, notes, subject)
+    out_regions = []
+    for names, key, idx in regions:
+        rate = wilson_interval(int(y[idx].sum()), len(idx), level)
+        pred = predicted.get((names, key)) if model == "logit" else None
+        out_regions.append(RegionRate(names, key, len(idx), int(y[idx].sum()), rate, pred,
+                                      _statement(names, key, int(y[idx].sum()), len(idx), rate, kinds, claim,
+                                                 ctx.words())))
+    if model == "logit":
+        _misfit(out_regions, notes, subject)
+    return FailureGroup(hw, lp_label, n, fails, wilson_interval(fails, n, level), by_kind, out_regions, model, coefs)
+
+
+def _region_part(param: str, label: str) -> str:
+    """``max_num_seqs >= 128``, ``max_num_seqs in [4, 8]``, ``dtype=float16``."""
+    if label[:1] in "<>":
+        return f"{param} {label}"
+    if label[:1] == "[":
+        return f"{param} in {label}"
+    return f"{param}={label}"
+
+
+def _statement(names: tuple[str, ...], key: tuple[str, ...], fails: int, n: int, rate: Interval,
+               kinds: tuple[str, ...], claim: Claim, where: str) -> str:
+    region = " and ".join(_region_part(p, v) for p, v in zip(names, key))
+    what = "/".join(kinds)
+    pct = f"{rate.estimate:.0%} [{rate.low:.0%}, {rate.high:.0%}]"
+    if claim.kind == "effect":
+        return (f"setting {region} gave a {what} failure probability of {pct} ({fails} of {n} trials) {where}")
+    return (f"trials with {region} failed ({what}) at {pct} ({fails} of {n}) {where} "
+            f"(an association, not an effect: {claim.why})")
+
+
+def _clustered(data: pd.DataFrame, y: np.ndarray, notes: Notes, subject: str) -> None:
+    """Warn when failures are (nearly) all-or-nothing per config: trials are not independent."""
+    if "config_id" not in data or not len(data):
+        return
+    p = float(y.mean())
+    if p in (0.0, 1.0):
+        return
+    per_config = pd.DataFrame({"cid": data["config_id"].astype(str).to_numpy(), "y": y}).groupby("cid")["y"]
+    stats = pd.DataFrame({"m": per_config.size(), "f": per_config.sum()})
+    stats = stats[stats["m"] >= 2]
+    multi = len(stats)
+    m = stats["m"].to_numpy(dtype=float)
+    f = stats["f"].to_numpy(dtype=float)
+    expected = float(np.sum(1 - p ** m - (1 - p) ** m))
+    observed = float(np.sum((f > 0) & (f < m)))
+    if multi >= 5 and expected >= 2 and observed < 0.5 * expected:
+        notes.warn("clustered", f"failures are nearly all-or-nothing per config ({observed:.0f} configs with mixed "
+                                f"outcomes where independence predicts {expected:.1f}): repeats of a config are not "
+                                "independent, so the intervals, which treat trials as such, are too narrow; count "
+                                "configs, not trials, as the unit", subject)
+
+
+# ---------------------------------------------------------------- model
+
+
+def _terms(data: pd.DataFrame, plist: list[Parameter]) -> tuple[np.ndarray, list[str], list[str]]:
+    """Model matrix (no constant), term names and what one unit of each term is."""
+    cols: list[np.ndarray] = []
+    names: list[str] = []
+    per: list[str] = []
+    for p in plist:
+        raw = data[p.column].to_numpy()
+        if p.kind == "categorical":
+            vals = np.array([str(v) if not _is_missing(v) else "" for v in raw.tolist()], dtype=object)
+            present = [lv for lv in p.levels if (vals == str(lv)).any()]
+            for lv in present[1:]:
+                cols.append((vals == str(lv)).astype(float))
+                names.append(f"{p.name}={lv}")
+                per.append(f"{p.name}={lv} vs {present[0]}")
+            miss = vals == ""
+        else:
+            x = p.encode(raw)
+            miss = ~np.isfinite(x)
+            if (~miss).sum() and np.nanstd(x) > 0:
+                mu, sd = float(np.nanmean(x)), float(np.nanstd(x))
+                cols.append(np.where(miss, 0.0, (x - mu) / sd))
+                names.append(p.name)
+                if p.kind == "bool":
+                    cols[-1] = np.where(miss, 0.0, x)
+                    per.append(f"{p.name}=True vs False")
+                elif p.log:
+                    per.append(f"1 SD of log2({p.name}) ({sd:.3g} doublings)")
+                else:
+                    per.append(f"1 SD of {p.name} ({sd:.3g})")
+        if miss.any() and (~miss).any():
+            cols.append(miss.astype(float))
+            names.append(f"{p.name}=default")
+            per.append(f"{p.name} left at vLLM's default vs set")
+    X = np.column_stack(cols) if cols else np.empty((len(data), 0))
+    return X, names, per
+
+
+def _model(data: pd.DataFrame, y: np.ndarray, plist: list[Parameter],
+           regions: list[tuple[tuple[str, ...], tuple[str, ...], np.ndarray]], level: float, seed: int,
+           notes: Notes, subject: str) -> tuple[str, list[Coefficient], dict[tuple[tuple[str, ...], tuple[str, ...]], Interval]]:
+    import statsmodels.api as sm
+    from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
+
+    X, names, per = _terms(data, plist)
+    fails, n = int(y.sum()), len(y)
+    events = min(fails, n - fails)
+    if X.shape[1] == 0:
+        return "none", [], {}
+    if events < 5:
+        notes.warn("few_events", f"{fails} failure(s) and {n - fails} success(es) among {n} trials: too few events "
+                                 "for a logistic model; the regional Wilson intervals are the answer", subject)
+        return "none", [], {}
+    if events < 10 * X.shape[1]:
+        notes.warn("few_events", f"{events} events for {X.shape[1]} model terms (under 10 per term): the logistic "
+                                 "model's estimates are unstable; prefer the regional intervals", subject)
+    Xc = np.column_stack([np.ones(n), X])
+    reasons: list[str] = []
+    result: Any = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = sm.Logit(y, Xc).fit(method="newton", maxiter=100, disp=0)
+        except PerfectSeparationError:
+            reasons.append("statsmodels reports perfect prediction")
+        except (np.linalg.LinAlgError, ValueError) as exc:
+            notes.warn("model_failed", f"the logistic model could not be fitted ({exc}); parameters may be aliased. "
+                                       "The regional Wilson intervals are the answer", subject)
+            return "fallback", [], {}
+    for w in caught:
+        if issubclass(w.category, PerfectSeparationWarning):
+            reasons.append("statsmodels reports perfect or quasi-perfect prediction")
+        elif issubclass(w.category, ConvergenceWarning):
+            reasons.append("the fit did not converge")
+    if result is not None:
+        params = np.asarray(result.params, dtype=float)
+        with np.errstate(all="ignore"):
+            bse = np.asarray(result.bse, dtype=float)
+        if not bool(result.mle_retvals.get("converged", True)):
+            reasons.append("the fit did not converge")
+        if not np.all(np.isfinite(params)) or not np.all(np.isfinite(bse)):
+            reasons.append("non-finite coefficients or standard errors")
+        else:
+            big = [names[i - 1] if i else "intercept" for i in range(len(params))
+                   if abs(params[i]) > _COEF_LIMIT or bse[i] > _SE_LIMIT]
+            if big:
+                reasons.append(f"huge coefficients or standard errors ({', '.join(big[:4])})")
+        if not reasons:
+            prob = 1.0 / (1.0 + np.exp(-(Xc @ params)))
+            for names_r, key, idx in regions:
+                rate = y[idx].mean()
+                if rate in (0.0, 1.0) and (np.all(prob[idx] < _EXTREME) or np.all(prob[idx] > 1 - _EXTREME)):
+                    label = ", ".join(_region_part(p, v) for p, v in zip(names_r, key))
+                    reasons.append(f"the model drives region {label} (all {'failed' if rate else 'ok'}) to "
+                                   f"{'1' if rate else '0'}")
+                    break
+    if reasons:
+        uniq = list(dict.fromkeys(reasons))
+        notes.warn("separation", f"separation or quasi-separation: {'; '.join(uniq)}. The logistic model's "
+                                 "coefficients are meaningless here, so the regional Wilson intervals are the answer",
+                   subject)
+        log.info("failure model falls back to regional intervals: %s", "; ".join(uniq))
+        return "fallback", [], {}
+    assert result is not None
+    params = np.asarray(result.params, dtype=float)
+    cov = np.asarray(result.cov_params(), dtype=float)
+    bse = np.sqrt(np.diag(cov))
+    pvals = np.asarray(result.pvalues, dtype=float)
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    coefs = []
+    for i, (term, unit) in enumerate(zip(["intercept", *names], ["log-odds at the mean", *per])):
+        lo, hi = params[i] - z * bse[i], params[i] + z * bse[i]
+        coefs.append(Coefficient(term, unit, Interval(float(params[i]), float(lo), float(hi), level),
+                                 Interval(math.exp(params[i]), math.exp(lo), math.exp(hi), level), float(pvals[i])))
+    rng = np.random.default_rng(seed)
+    draws = rng.multivariate_normal(params, cov, size=_N_DRAWS, method="svd")
+    # trials of one config share a model row: evaluate the draws once per distinct row
+    rows, inverse = np.unique(Xc, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    prob_draws = 1.0 / (1.0 + np.exp(-np.clip(rows @ draws.T, -50, 50)))
+    prob_hat = 1.0 / (1.0 + np.exp(-(rows @ params)))
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    predicted = {}
+    for names_r, key, idx in regions:
+        weights = np.bincount(inverse[idx], minlength=len(rows)).astype(float)
+        weights /= weights.sum()
+        means = weights @ prob_draws
+        a, b = np.quantile(means, [lo_q, hi_q])
+        predicted[(names_r, key)] = Interval(float(weights @ prob_hat), float(a), float(b), level)
+    return "logit", coefs, predicted
+
+
+def _misfit(regions: list[RegionRate], notes: Notes, subject: str) -> None:
+    missed = [r for r in regions if r.predicted is not None and r.n >= 10
+              and (r.predicted.high < r.rate.low or r.predicted.low > r.rate.high)]
+    if missed:
+        shown = "; ".join(f"{r.label}: observed {r.rate}, model {r.predicted}" for r in missed[:3])
+        notes.warn("model_misfit", f"the main-effects logistic model misses {len(missed)} region(s) ({shown}"
+                                   f"{'; ...' if len(missed) > 3 else ''}): an interaction between parameters is "
+                                   "likely; trust the regional intervals there", subject)

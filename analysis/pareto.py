@@ -1,0 +1,436 @@
+"""Pareto frontiers of engine configs, with each config's probability of being on the front.
+
+:func:`pareto_mask` is the plain computation on a matrix of values (one row per point);
+:func:`front` applies it per scenario (load point) x hardware class to the engine configs of an
+experiment, one point per config: the median of its repeats' per-trial values (repeats are the unit
+of replication). With repeats, the front is recomputed on bootstrap resamples of every config's
+repeats and each config's probability of being on the front is the fraction of resamples that put
+it there.
+
+Dominance: a point dominates another when it is at least as good on every metric and strictly better
+on one (``senses`` say whether more or less is better). Rows with a missing (NaN) or infinite value
+are never on the front; exact duplicates of a front point are all on the front.
+
+The helpers :func:`config_groups` (per group and config: medians and counts, vectorised; the
+grouping of a trial table is cached per table object so :func:`front` and
+:func:`analysis.ranking.rank` on the same table factorise ids once) and :func:`bootstrap_medians`
+(every config's repeats resampled with its own seeded generator) are shared with
+:mod:`analysis.ranking`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from analysis.common import Caveat, Notes, Subsample
+from analysis.frame import PARAM_PREFIX, AnalysisInputError, metric_sense, trial_table
+
+log = logging.getLogger(__name__)
+
+#: at most this many float64 cells per broadcast block in the k-D dominance filter and the bootstrap
+_BLOCK_CELLS = 4_000_000
+
+
+def pareto_mask(values: np.ndarray, senses: Sequence[int]) -> np.ndarray:
+    """Boolean mask of the non-dominated rows of ``values`` (``n x k``).
+
+    Args:
+        values: one row per point, one column per metric.
+        senses: per column, +1 when more is better (throughput), -1 when less is (latency).
+
+    Returns:
+        ``mask[i]`` is true when no other row dominates row ``i``. Rows holding a NaN or an infinite
+        value are never on the front; duplicates of a front point are all on it.
+
+    Two metrics take O(n log n) (one sort and a running best); more metrics sort lexicographically and
+    filter the sorted rows block by block against the front found so far (fine for ~1e5 points).
+    """
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 2:
+        raise AnalysisInputError(f"values must be a 2-D array (points x metrics), got shape {arr.shape}")
+    n, k = arr.shape
+    if len(senses) != k:
+        raise AnalysisInputError(f"{len(senses)} senses given for {k} metrics")
+    if any(s not in (1, -1) for s in senses):
+        raise AnalysisInputError(f"senses must be +1 or -1, got {list(senses)}")
+    mask = np.zeros(n, dtype=bool)
+    if n == 0 or k == 0:
+        return mask
+    finite = np.isfinite(arr).all(axis=1)
+    idx = np.flatnonzero(finite)
+    if idx.size == 0:
+        return mask
+    v = arr[idx] * np.asarray(senses, dtype=float)  # maximise every column
+    if k == 1:
+        mask[idx] = v[:, 0] == v[:, 0].max()
+        return mask
+    if k == 2:
+        mask[idx] = _front_2d(v)
+        return mask
+    mask[idx] = _front_kd(v)
+    return mask
+
+
+def _front_2d(v: np.ndarray) -> np.ndarray:
+    """Non-dominated rows of finite ``v`` (n x 2, maximise both): sort by x then y, both descending;
+    a row is on the front when its y is the best of its x-tie group and beats every y seen at a
+    strictly greater x."""
+    n = len(v)
+    order = np.lexsort((-v[:, 1], -v[:, 0]))
+    x, y = v[order, 0], v[order, 1]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = x[1:] != x[:-1]
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    best_before = np.empty(n)
+    best_before[0] = -np.inf
+    best_before[1:] = np.maximum.accumulate(y)[:-1]
+    on = (y == y[group_start]) & (y > best_before[group_start])
+    out = np.zeros(n, dtype=bool)
+    out[order] = on
+    return out
+
+
+def _front_kd(v: np.ndarray) -> np.ndarray:
+    """Non-dominated rows of finite ``v`` (n x k, maximise all). After a lexicographic sort (all
+    columns descending) a row can only be dominated by rows before it, so front rows found earlier
+    never leave: each block of candidates is checked against the front so far and within itself."""
+    n, k = v.shape
+    order = np.lexsort(tuple(-v[:, j] for j in range(k - 1, -1, -1)))
+    s = v[order]
+    on = np.zeros(n, dtype=bool)
+    front = np.empty((0, k))
+    i = 0
+    while i < n:
+        block_len = max(16, min(128, _BLOCK_CELLS // max(1, k * len(front))))
+        blk = s[i:i + block_len]
+        cand = np.arange(len(blk))
+        if len(front):
+            dominated = np.zeros(len(blk), dtype=bool)
+            step = max(1, _BLOCK_CELLS // max(1, k * len(blk)))
+            for lo in range(0, len(front), step):
+                f = front[lo:lo + step]
+                ge = (f[None, :, :] >= blk[:, None, :]).all(axis=2)
+                gt = (f[None, :, :] > blk[:, None, :]).any(axis=2)
+                dominated |= (ge & gt).any(axis=1)
+            cand = cand[~dominated]
+        c = blk[cand]
+        ge = (c[None, :, :] >= c[:, None, :]).all(axis=2)  # [i, j]: row j >= row i everywhere
+        gt = (c[None, :, :] > c[:, None, :]).any(axis=2)
+        keep = cand[~(ge & gt).any(axis=1)]
+        on[i + keep] = True
+        front = np.concatenate([front, blk[keep]])
+        i += len(blk)
+    out = np.zeros(n, dtype=bool)
+    out[order] = on
+    return out
+
+
+# --- shared by front, ranking and compare: trials grouped by config --------------------------------------
+
+
+@dataclass
+class ConfigGroup:
+    """The configs of one scenario x hardware-class group and their usable trials (internal).
+
+    ``values`` holds the usable trials' values (``T x m``, columns as asked), sorted by config and,
+    within a config, by value (a canonical order, so row order in the dataset never matters);
+    ``codes`` the config index of each row; ``starts``/``counts`` where each config's rows are.
+    """
+
+    key: dict[str, str]
+    config_ids: np.ndarray
+    labels: list[str]
+    first_rows: np.ndarray  # per config, the table position of one of its trials
+    n_ok: np.ndarray
+    n_failed: np.ndarray
+    n_holes: np.ndarray
+    medians: np.ndarray
+    counts: np.ndarray
+    values: np.ndarray | None = None
+    starts: np.ndarray | None = None
+
+
+@dataclass
+class _Grouping:
+    """How the non-baseline rows of a trial table split into group x config cells (cached per table)."""
+
+    keys: list[str]
+    gvalues: list[np.ndarray]
+    rows: np.ndarray  # positions of the non-baseline rows in the table
+    cuniq: np.ndarray  # sorted config ids
+    ncfg: int
+    ucombo: np.ndarray  # sorted cell codes (group code * ncfg + config code)
+    first: np.ndarray  # per cell, the table position of one of its rows
+    inverse: np.ndarray  # per non-baseline row, its cell
+    status: np.ndarray  # per non-baseline row
+
+
+_GROUPING_CACHE: dict[int, tuple[weakref.ref[pd.DataFrame], int, tuple[str, ...], _Grouping]] = {}
+
+
+def _grouping(df: pd.DataFrame, by: Sequence[str]) -> _Grouping:
+    """Factorise group keys and config ids once per table object (front and rank share it)."""
+    n_rows = len(df)
+    hit = _GROUPING_CACHE.get(id(df))
+    if hit is not None and hit[1] == n_rows and hit[2] == tuple(by) and hit[0]() is df:
+        return hit[3]
+    if "config_id" not in df or "status" not in df:
+        raise AnalysisInputError("the trial table needs 'config_id' and 'status' columns")
+    rows = (np.flatnonzero(~df["is_baseline"].to_numpy(dtype=bool)) if "is_baseline" in df
+            else np.arange(len(df)))
+    keys = [k for k in by if k in df]
+    n = len(rows)
+    gcode = np.zeros(n, dtype=np.int64)
+    gvalues: list[np.ndarray] = []
+    for k in keys:
+        codes, uniq = _factorize(df[k].to_numpy(dtype=object)[rows])
+        gcode = gcode * max(1, len(uniq)) + codes
+        gvalues.append(np.asarray(uniq, dtype=object))
+    ccode, cuniq = _factorize(df["config_id"].to_numpy(dtype=object)[rows])
+    ncfg = max(1, len(cuniq))
+    combo = gcode * ncfg + ccode
+    ucombo, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+    g = _Grouping(keys, gvalues, rows, np.asarray(cuniq, dtype=object), ncfg, ucombo, rows[first],
+                  inverse.reshape(-1), df["status"].to_numpy(dtype=object)[rows])
+    _GROUPING_CACHE.clear()  # one table at a time: enough for front + rank on the same table
+    _GROUPING_CACHE[id(df)] = (weakref.ref(df), len(df), tuple(by), g)
+    return g
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and sorted uniques; values of mixed types are compared as strings."""
+    try:
+        codes, uniq = pd.factorize(values, sort=True)
+    except TypeError:
+        codes, uniq = pd.factorize(values.astype(str), sort=True)
+    return np.asarray(codes), np.asarray(uniq, dtype=object)
+
+
+def config_groups(df: pd.DataFrame, columns: Sequence[str], by: Sequence[str], status: str = "ok",
+                  with_trials: bool = False, extra: dict[str, np.ndarray] | None = None) -> list[ConfigGroup]:
+    """Group non-baseline trials of ``df`` by ``by`` and config; per config the median of ``columns``
+    over its usable trials (status ``status`` and every column finite), plus counts by status.
+
+    Args:
+        df: a :func:`analysis.frame.trial_table` (not modified; its grouping is cached while it lives).
+        columns: the metric columns needed (from ``df`` or ``extra``).
+        by: grouping columns (missing ones are ignored).
+        status: which trials count as usable.
+        with_trials: also keep the usable trials' values (for bootstrapping).
+        extra: per-trial columns computed by the caller (aligned with ``df``'s rows).
+
+    Returns:
+        One :class:`ConfigGroup` per group, sorted by the group keys; configs sorted by id.
+    """
+    extra = extra or {}
+    missing = [c for c in columns if c not in df and c not in extra]
+    if missing:
+        raise AnalysisInputError(f"unknown metric {missing[0]!r}: no such column in the trial table")
+    gr = _grouping(df, by)
+    rows, inverse, ncell = gr.rows, gr.inverse, len(gr.ucombo)
+    n = len(rows)
+    n_ok = np.bincount(inverse, weights=(gr.status == "ok"), minlength=ncell).astype(np.int64)
+    n_failed = np.bincount(inverse, weights=(gr.status == "failed"), minlength=ncell).astype(np.int64)
+    n_holes = np.bincount(inverse, weights=(gr.status == "hole"), minlength=ncell).astype(np.int64)
+    x = np.empty((n, len(columns)))
+    for j, c in enumerate(columns):
+        col = extra[c] if c in extra else df[c].to_numpy(dtype=float)
+        x[:, j] = np.asarray(col, dtype=float)[rows]
+    usable = (gr.status == status) & np.isfinite(x).all(axis=1)
+    counts = np.bincount(inverse[usable], minlength=ncell).astype(np.int64)
+    medians = np.full((ncell, len(columns)), np.nan)
+    if usable.any() and columns:
+        med = pd.DataFrame(x[usable], columns=range(len(columns))).groupby(inverse[usable], sort=True).median()
+        medians[med.index.to_numpy()] = med.to_numpy()
+    trial_vals = trial_codes = None
+    if with_trials:
+        ui = inverse[usable]
+        xu = x[usable]
+        order = np.lexsort(tuple(xu[:, j] for j in range(xu.shape[1] - 1, -1, -1)) + (ui,))
+        trial_vals, trial_codes = xu[order], ui[order]
+    label_col = "config_label" if "config_label" in df else "config_id"
+    labels_all = df[label_col].to_numpy(dtype=object)[gr.first]
+    gof = gr.ucombo // gr.ncfg
+    out: list[ConfigGroup] = []
+    bounds = np.flatnonzero(np.r_[True, gof[1:] != gof[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        key: dict[str, str] = {}
+        rest = int(gof[a])
+        for k, uniq in reversed(list(zip(gr.keys, gr.gvalues))):
+            key[k] = str(uniq[rest % max(1, len(uniq))])
+            rest //= max(1, len(uniq))
+        key = {k: key[k] for k in gr.keys}
+        vals = starts = None
+        if trial_codes is not None and trial_vals is not None:
+            lo, hi = np.searchsorted(trial_codes, [a, b])
+            vals = trial_vals[lo:hi]
+            starts = np.searchsorted(trial_codes[lo:hi], np.arange(a, b))
+        out.append(ConfigGroup(
+            key=key, config_ids=gr.cuniq[gr.ucombo[a:b] % gr.ncfg], labels=[str(v) for v in labels_all[a:b]],
+            first_rows=gr.first[a:b], n_ok=n_ok[a:b], n_failed=n_failed[a:b], n_holes=n_holes[a:b],
+            medians=medians[a:b], counts=counts[a:b], values=vals, starts=starts))
+    return out
+
+
+def _config_seed(seed: int, config_id: str) -> list[int]:
+    return [int(seed) & 0xFFFFFFFF, zlib.crc32(str(config_id).encode())]
+
+
+def bootstrap_medians(group: ConfigGroup, n_boot: int, seed: int) -> np.ndarray:
+    """``n_boot x C x m`` medians of every config's repeats resampled with replacement (NaN for
+    configs without usable trials). Each config draws from its own generator, seeded by ``seed`` and
+    its id, so adding or removing another config never changes its resamples."""
+    if group.values is None or group.starts is None:
+        raise ValueError("config_groups(..., with_trials=True) is needed to bootstrap")
+    m = group.values.shape[1]
+    c_total = len(group.config_ids)
+    out = np.full((n_boot, c_total, m), np.nan)
+    if n_boot <= 0:
+        return out
+    for n in np.unique(group.counts[group.counts > 0]):
+        cfgs = np.flatnonzero(group.counts == n)
+        chunk = max(1, _BLOCK_CELLS // max(1, n_boot * int(n) * m))
+        for lo in range(0, len(cfgs), chunk):
+            sel = cfgs[lo:lo + chunk]
+            draws = np.stack([np.random.default_rng(_config_seed(seed, str(group.config_ids[c])))
+                              .integers(0, n, size=(n_boot, int(n))) for c in sel])  # (c, B, n)
+            rows = group.starts[sel][:, None, None] + draws
+            sample = np.sort(group.values[rows], axis=2)  # (c, B, n, m)
+            med = 0.5 * (sample[:, :, (n - 1) // 2, :] + sample[:, :, n // 2, :])
+            out[:, sel, :] = np.transpose(med, (1, 0, 2))
+    return out
+
+
+def param_values(df: pd.DataFrame, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+    """The ``param_*`` values of the trials at positions ``rows`` of ``df``, missing ones as None."""
+    cols = [str(c) for c in df.columns if str(c).startswith(PARAM_PREFIX)]
+    if not len(rows):
+        return []
+    pos = np.asarray(rows, dtype=np.int64)
+    out: list[dict[str, Any]] = [{} for _ in range(len(pos))]
+    for col in cols:
+        name = col.removeprefix(PARAM_PREFIX)
+        for i, v in enumerate(df[col].to_numpy()[pos].tolist()):
+            if isinstance(v, float) and math.isnan(v) or (isinstance(v, str) and v == ""):
+                v = None
+            out[i][name] = v
+    return out
+
+
+# --- the front of an experiment ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One engine config in a group: ``values`` are the medians of its repeats' per-trial values;
+    ``p_front`` the fraction of bootstrap resamples of the repeats that put it on the front (None
+    without a bootstrap); ``n_repeats`` its usable trials."""
+
+    config_id: str
+    label: str
+    params: dict[str, Any]
+    values: dict[str, float]
+    on_front: bool
+    p_front: float | None
+    n_repeats: int
+
+
+@dataclass(frozen=True)
+class ParetoGroup:
+    """The front of one scenario x hardware-class group (``group``: load_point, hardware_class)."""
+
+    group: dict[str, str]
+    points: list[ParetoPoint]
+    n_front: int
+    n_without_data: int
+
+
+@dataclass(frozen=True)
+class ParetoResult:
+    """Pareto fronts per group for ``metrics`` (senses: +1 more is better, -1 less is)."""
+
+    metrics: tuple[str, ...]
+    senses: tuple[int, ...]
+    groups: list[ParetoGroup]
+    n_boot: int
+    warnings: list[Caveat] = field(default_factory=list)
+    subsampled: list[Subsample] = field(default_factory=list)
+
+
+def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_ms_p99"),
+          by: Sequence[str] = ("load_point", "hardware_class"), n_boot: int = 200, seed: int = 0,
+          status: str = "ok", table: pd.DataFrame | None = None) -> ParetoResult:
+    """Pareto front of engine configs per scenario x hardware class.
+
+    Args:
+        ds: an experiment's dataset (:mod:`servetune.schema`).
+        metrics: two or three metric columns of :func:`analysis.frame.trial_table` (e.g.
+            ``output_throughput`` and ``ttft_ms_p99``, or ``output_tokens_per_gpu`` and
+            ``output_tokens_per_user``); their senses come from :func:`analysis.frame.metric_sense`.
+        by: grouping columns; incomparable hardware classes never share a front.
+        n_boot: bootstrap resamples of every config's repeats for ``p_front`` (0 skips it).
+        seed: seed of the resampling.
+        status: trials counted (``ok``); baseline trials are always left out.
+        table: the trial table of ``ds`` if already built (saves flattening it again; its grouping is
+            cached while the object lives, so do not modify it in place between calls).
+
+    Returns:
+        A :class:`ParetoResult`: per group one point per config with usable trials, whether it is on
+        the front and its bootstrap probability of being there, plus caveats (single repeats, configs
+        left out for lack of data).
+    """
+    metrics = tuple(metrics)
+    if len(metrics) not in (2, 3):
+        raise AnalysisInputError(f"a front needs 2 or 3 metrics, got {len(metrics)}: {list(metrics)}")
+    if len(set(metrics)) != len(metrics):
+        raise AnalysisInputError(f"metrics repeat: {list(metrics)}")
+    senses = tuple(metric_sense(m) for m in metrics)
+    df = trial_table(ds) if table is None else table
+    notes = Notes()
+    groups = config_groups(df, metrics, by, status=status, with_trials=n_boot > 0)
+    out: list[ParetoGroup] = []
+    n_single = 0
+    for g in groups:
+        has = g.counts > 0
+        idx = np.flatnonzero(has)
+        mask = pareto_mask(g.medians[idx], senses)
+        p = np.full(len(idx), np.nan)
+        if n_boot > 0 and len(idx):
+            boot = bootstrap_medians(g, n_boot, seed)[:, idx, :]
+            hits = np.zeros(len(idx))
+            for b in range(n_boot):
+                hits += pareto_mask(boot[b], senses)
+            p = hits / n_boot
+        n_single += int((g.counts[idx] == 1).sum())
+        params = param_values(df, g.first_rows[idx])
+        points = [
+            ParetoPoint(config_id=str(g.config_ids[c]), label=g.labels[c], params=params[i],
+                        values={m: float(g.medians[c, j]) for j, m in enumerate(metrics)}, on_front=bool(mask[i]),
+                        p_front=None if n_boot <= 0 else float(p[i]), n_repeats=int(g.counts[c]))
+            for i, c in enumerate(idx)
+        ]
+        n_without = int((~has).sum())
+        if n_without:
+            notes.warn("no_data", f"{n_without} config(s) had no {status} trial with every metric of "
+                                  f"{', '.join(metrics)} measured; they are not on the plot", _subject(g.key))
+        out.append(ParetoGroup(group=g.key, points=points, n_front=int(mask.sum()), n_without_data=n_without))
+    if n_single and n_boot > 0:
+        notes.warn("single_repeat", f"{n_single} config(s) have a single repeat: their probability of being on the "
+                                    "front can only be 0 or 1 (one trial has no spread to resample), so it says "
+                                    "nothing about their noise")
+    return ParetoResult(metrics=metrics, senses=senses, groups=out, n_boot=max(0, n_boot),
+                        warnings=notes.warnings, subsampled=notes.subsampled)
+
+
+def _subject(key: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in key.items())

@@ -1,0 +1,526 @@
+"""Rankings of engine configs under switchable policies, with the uncertainty of every score.
+
+:func:`rank` ranks the configs of every scenario (load point) x hardware class separately
+(incomparable hardware never shares a ranking); baseline re-runs are drift controls and are left out.
+A config's score is computed from the medians of its repeats' per-trial values (repeats are the unit
+of replication); its interval and its probability of being #1 (``p_best``) come from resampling every
+config's repeats with replacement (``n_boot`` times) and recomputing the whole ranking. Switching the
+policy re-reads the same trial table; nothing is re-run.
+
+Policies (:data:`POLICIES`; higher scores rank first, ties by config id):
+
+``slo_throughput``
+    the objective (default the spec's ``ranking.objective``, e.g. ``output_throughput``) among the
+    configs meeting every SLO (``slos`` or the spec's): a config meets an SLO when the median over its
+    repeats of the SLO's column (``ttft_ms`` at percentile 99 -> ``ttft_ms_p99``) is at most
+    ``max_ms``. Configs missing an SLO rank after those meeting all; configs without a usable trial
+    (every trial failed) rank last.
+``goodput``
+    ``request_goodput`` (requests per second that met every SLO, computed per request by the load
+    generator); no further gate.
+``knee``
+    the knee of the front of the objective against a latency (``latency``, default the first SLO's
+    column, else ``ttft_ms_p99``). Both axes are normalised to 0..1 over the group's configs (1 =
+    best); the line through the front's two extremes (the best-objective point and the
+    best-latency point) is drawn, and a config's score is its signed distance from that line, positive
+    toward the ideal corner. The knee is the config of largest score; it is always on the front, and a
+    dominated config always scores below the config dominating it. When one config is best on both
+    axes it is the knee and scores are distances along the diagonal.
+``weighted``
+    ``sum(w * u) / sum(w)`` where ``u`` is each metric's median normalised to 0..1 over the group's
+    configs with 1 the best (direction from :func:`analysis.frame.metric_sense`); ``weights`` maps
+    metric -> non-negative weight (default the objective and every SLO column at weight 1).
+``per_gpu``
+    the objective per GPU the config used (``output_tokens_per_gpu`` for output throughput), gated by
+    the SLOs as ``slo_throughput``.
+``per_cost``
+    the objective per US dollar of GPU time (``output_tokens_per_dollar``), gated by the SLOs, using
+    the spec's ``gpu_hour_prices``. A group whose hardware class has no price ranks nothing and says
+    so (caveat ``no_prices``): prices are never invented.
+
+Whether #1 is distinguishable from #2: #1 ranked above #2 in at least 97.5% of the bootstrap
+resamples, i.e. the 95% percentile interval of the difference in their ranking keys excludes 0 (for
+two configs in the same SLO tier, the interval of the #1 - #2 score difference excludes 0). With a
+single repeat of either, or without a bootstrap, it cannot be told and the result says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
+from analysis.frame import AnalysisInputError, metric_sense, quantile_column, trial_table
+from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups
+
+log = logging.getLogger(__name__)
+
+LEVEL = 0.95
+#: tiers of the ranking key: meets every SLO (or no gate), misses one, no usable trial
+_MEETS, _MISSES, _NO_DATA = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RankedRow:
+    """One config in a group's ranking.
+
+    ``score`` is the policy's score (estimate from the repeats' medians, interval from the bootstrap;
+    NaN bounds with a single repeat or without a bootstrap, all NaN without a usable trial);
+    ``slos_met`` whether the medians meet every SLO (None without SLOs or data); ``p_best`` the
+    fraction of bootstrap resamples in which it ranked #1 (None without a bootstrap); ``values`` the
+    medians of the metrics the policy used.
+    """
+
+    rank: int
+    config_id: str
+    label: str
+    score: Interval
+    n_ok: int
+    n_failed: int
+    n_holes: int
+    n_repeats: int
+    slos_met: bool | None
+    p_best: float | None
+    values: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RankedGroup:
+    """The ranking of one scenario x hardware-class group.
+
+    ``margin`` is the #1 - #2 score difference with its bootstrap interval (None where it cannot be
+    computed); ``p_order`` the fraction of resamples ranking #1 above #2; ``sentence`` says in words
+    whether #1 is distinguishable from #2.
+    """
+
+    group: dict[str, str]
+    rows: list[RankedRow]
+    distinguishable: bool
+    sentence: str
+    margin: Interval | None = None
+    p_order: float | None = None
+
+
+@dataclass(frozen=True)
+class RankingResult:
+    """A ranking under ``policy`` (its ``score_name``, higher is better when ``higher_is_better``)."""
+
+    policy: str
+    description: str
+    objective: str
+    score_name: str
+    higher_is_better: bool
+    slos: list[dict[str, Any]]
+    groups: list[RankedGroup]
+    n_boot: int
+    claim: Claim
+    warnings: list[Caveat] = field(default_factory=list)
+    subsampled: list[Subsample] = field(default_factory=list)
+
+
+# --- policies ---------------------------------------------------------------------------------------------
+
+ScoreFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class _Plan:
+    """What a policy needs: the metric columns whose per-config medians it reads (the first ones are
+    the score's), a score function of the medians (``... x C x m`` -> ``... x C``, higher better),
+    the SLO gate (column index, max) and the score's name and sense for display."""
+
+    columns: list[str]
+    score: ScoreFn
+    gate: list[tuple[int, float]]
+    score_name: str
+    sense: int
+    derived: dict[str, Callable[[pd.DataFrame], np.ndarray]] = field(default_factory=dict)
+    needs_price: bool = False
+
+
+@dataclass(frozen=True)
+class _Request:
+    objective: str
+    weights: dict[str, float] | None
+    slo_columns: list[tuple[str, float]]
+    latency: str | None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A ranking policy: ``name``, a one-line ``description`` and how it plans its scores."""
+
+    name: str
+    description: str
+    plan: Callable[[_Request], _Plan]
+
+
+def _with_slos(req: _Request, columns: list[str], gate: bool) -> tuple[list[str], list[tuple[int, float]]]:
+    cols = list(columns)
+    out: list[tuple[int, float]] = []
+    for col, max_ms in req.slo_columns:
+        if col not in cols:
+            cols.append(col)
+        if gate:
+            out.append((cols.index(col), max_ms))
+    return cols, out
+
+
+def _plain(col_index: int) -> ScoreFn:
+    def score(med: np.ndarray) -> np.ndarray:
+        return np.asarray(med[..., col_index], dtype=float)
+    return score
+
+
+def _plan_objective(req: _Request, column: str, derived: dict[str, Callable[[pd.DataFrame], np.ndarray]] | None = None,
+                    gate: bool = True, needs_price: bool = False) -> _Plan:
+    sense = metric_sense(req.objective) if column not in (derived or {}) else 1
+    cols, g = _with_slos(req, [column], gate)
+    return _Plan(cols, _plain(0), g, column, sense, derived or {}, needs_price)
+
+
+def _plan_slo_throughput(req: _Request) -> _Plan:
+    return _plan_objective(req, req.objective)
+
+
+def _plan_goodput(req: _Request) -> _Plan:
+    return _plan_objective(req, "request_goodput", gate=False)
+
+
+def _per_name(objective: str, what: str) -> str:
+    if objective == "output_throughput":
+        return f"output_tokens_per_{what}"
+    return f"{objective}_per_{what}"
+
+
+def _plan_per_gpu(req: _Request) -> _Plan:
+    name = _per_name(req.objective, "gpu")
+    obj = req.objective
+
+    def per_gpu(df: pd.DataFrame) -> np.ndarray:
+        return np.asarray(df[obj].to_numpy(dtype=float) / df["gpus"].to_numpy(dtype=float))
+    return _plan_objective(req, name, {name: per_gpu})
+
+
+def _plan_per_cost(req: _Request) -> _Plan:
+    name = _per_name(req.objective, "dollar")
+    obj = req.objective
+
+    def per_dollar(df: pd.DataFrame) -> np.ndarray:
+        return np.asarray(df[obj].to_numpy(dtype=float) * 3600.0
+                          / (df["gpus"].to_numpy(dtype=float) * df["gpu_hour_price"].to_numpy(dtype=float)))
+    return _plan_objective(req, name, {name: per_dollar}, needs_price=True)
+
+
+def _normalise(x: np.ndarray, sense: int) -> np.ndarray:
+    """0..1 over the configs (last axis), 1 the best; NaN stays NaN; a constant metric gives 0."""
+    with np.errstate(invalid="ignore", all="ignore"):
+        lo = np.nanmin(np.where(np.isfinite(x), x, np.nan), axis=-1, keepdims=True)
+        hi = np.nanmax(np.where(np.isfinite(x), x, np.nan), axis=-1, keepdims=True)
+        span = hi - lo
+        u = np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.0)
+    u = np.where(np.isfinite(x), u, np.nan)
+    return u if sense > 0 else np.where(np.isfinite(u), np.where(span > 0, 1.0 - u, 0.0), np.nan)
+
+
+def _plan_weighted(req: _Request) -> _Plan:
+    weights = dict(req.weights) if req.weights else {req.objective: 1.0, **{c: 1.0 for c, _ in req.slo_columns}}
+    for metric, w in weights.items():
+        metric_sense(metric)  # names an unknown metric
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise AnalysisInputError(f"weight of {metric!r} must be a finite number >= 0, got {w!r}")
+    total = sum(weights.values())
+    if total <= 0:
+        raise AnalysisInputError(f"weights must not all be 0: {weights}")
+    metrics = list(weights)
+    cols, gate = _with_slos(req, metrics, gate=False)
+    senses = [metric_sense(m) for m in metrics]
+    ws = np.array([weights[m] / total for m in metrics])
+
+    def score(med: np.ndarray) -> np.ndarray:
+        parts = [ws[j] * _normalise(med[..., j], senses[j]) for j in range(len(metrics))]
+        return np.asarray(np.sum(parts, axis=0), dtype=float)
+    name = "weighted score (" + ", ".join(f"{w:g} x {m}" for m, w in weights.items()) + ")"
+    return _Plan(cols, score, gate, name, 1)
+
+
+def _plan_knee(req: _Request) -> _Plan:
+    latency = req.latency or (req.slo_columns[0][0] if req.slo_columns else "ttft_ms_p99")
+    s_obj, s_lat = metric_sense(req.objective), metric_sense(latency)
+    if req.objective == latency:
+        raise AnalysisInputError(f"the knee needs two different metrics, got {latency!r} twice")
+    cols, gate = _with_slos(req, [req.objective, latency], gate=False)
+
+    def score(med: np.ndarray) -> np.ndarray:
+        u = _normalise(med[..., 0], s_obj)
+        v = _normalise(med[..., 1], s_lat)
+        return _knee_distance(u, v)
+    return _Plan(cols, score, gate, f"distance above the front's chord ({req.objective} vs {latency}, normalised)", 1)
+
+
+def _knee_distance(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Signed distance of every point (last axis) from the line through the best-``u`` point (ties:
+    best ``v``) and the best-``v`` point (ties: best ``u``), positive toward (1, 1)."""
+    a = _lex_argmax(u, v)
+    b = _lex_argmax(v, u)
+    ua = np.take_along_axis(u, a[..., None], axis=-1)
+    va = np.take_along_axis(v, a[..., None], axis=-1)
+    ub = np.take_along_axis(u, b[..., None], axis=-1)
+    vb = np.take_along_axis(v, b[..., None], axis=-1)
+    nx, ny = vb - va, ua - ub  # normal of the chord a -> b, pointing toward the ideal corner
+    norm = np.hypot(nx, ny)
+    degenerate = ~(norm > 0)
+    nx = np.where(degenerate, 1.0, nx) / np.where(degenerate, math.sqrt(2.0), norm)
+    ny = np.where(degenerate, 1.0, ny) / np.where(degenerate, math.sqrt(2.0), norm)
+    return np.asarray((u - ua) * nx + (v - va) * ny, dtype=float)
+
+
+def _lex_argmax(first: np.ndarray, then: np.ndarray) -> np.ndarray:
+    """Index (last axis) of the largest ``first``, ties broken by the largest ``then`` (NaN never wins)."""
+    f = np.where(np.isfinite(first), first, -np.inf)
+    top = f.max(axis=-1, keepdims=True)
+    t = np.where(np.isfinite(then), then, np.finfo(float).min)
+    tie = np.where(f == top, t, -np.inf)
+    return np.asarray(np.argmax(tie, axis=-1))
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("slo_throughput", "max objective among configs meeting every SLO", _plan_slo_throughput),
+    Policy("goodput", "max request goodput (requests/s meeting every SLO)", _plan_goodput),
+    Policy("knee", "the knee of the objective-vs-latency front", _plan_knee),
+    Policy("weighted", "weighted score of normalised metrics", _plan_weighted),
+    Policy("per_gpu", "max objective per GPU among configs meeting every SLO", _plan_per_gpu),
+    Policy("per_cost", "max objective per dollar of GPU time among configs meeting every SLO", _plan_per_cost),
+)}
+
+
+def policies() -> dict[str, str]:
+    """Known policy names and their one-line descriptions."""
+    return {name: p.description for name, p in POLICIES.items()}
+
+
+# --- ranking ----------------------------------------------------------------------------------------------
+
+
+def _slos_of(ds: xr.Dataset, slos: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    if slos is not None:
+        return [dict(s) for s in slos]
+    raw = ds.attrs.get("slos", "")
+    if not raw:
+        return []
+    data = json.loads(raw) if isinstance(raw, str) else raw
+    return [dict(s) for s in data]
+
+
+def _slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame) -> list[tuple[str, float]]:
+    out = []
+    for s in slos:
+        if "metric" not in s or "max_ms" not in s:
+            raise AnalysisInputError(f"an SLO needs 'metric' and 'max_ms', got {s}")
+        col = quantile_column(str(s["metric"]), float(s.get("percentile", 99.0)) / 100.0)
+        if col not in df:
+            raise AnalysisInputError(f"SLO column {col!r} (from {s}) is not in the trial table")
+        out.append((col, float(s["max_ms"])))
+    return out
+
+
+def _objective_of(ds: xr.Dataset, objective: str | None) -> str:
+    if objective:
+        return objective
+    raw = ds.attrs.get("ranking", "")
+    if raw:
+        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        if data.get("objective"):
+            return str(data["objective"])
+    return "output_throughput"
+
+
+def _tiers(med: np.ndarray, has: np.ndarray, gate: list[tuple[int, float]]) -> np.ndarray:
+    """``... x C`` tiers from medians ``... x C x m``."""
+    tier = np.where(has, _MEETS, _NO_DATA)
+    for j, limit in gate:
+        miss = ~(med[..., j] <= limit)
+        tier = np.where((tier == _MEETS) & miss, _MISSES, tier)
+    return tier
+
+
+def _order(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Indices sorted by (tier, -score, index) for 1-D inputs (configs already sorted by id)."""
+    s = np.where(np.isfinite(score), score, -np.inf)
+    return np.lexsort((np.arange(len(tier)), -s, tier))
+
+
+def _best(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Per resample (rows of ``B x C``), the index of #1: lowest tier, then highest score, then index."""
+    s = np.where(np.isfinite(score), score, -np.inf)
+    t = tier.min(axis=1, keepdims=True)
+    s = np.where(tier == t, s, -np.inf)
+    return np.asarray(np.argmax(s, axis=1))
+
+
+def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None = None,
+         weights: dict[str, float] | None = None, slos: list[dict[str, Any]] | None = None, n_boot: int = 1000,
+         seed: int = 0, by: Sequence[str] = ("load_point", "hardware_class"), latency: str | None = None,
+         table: pd.DataFrame | None = None) -> RankingResult:
+    """Rank engine configs per scenario x hardware class under ``policy``.
+
+    Args:
+        ds: an experiment's dataset (:mod:`servetune.schema`).
+        policy: a name in :data:`POLICIES`.
+        objective: the metric to maximise (default the spec's ``ranking.objective``, else
+            ``output_throughput``).
+        weights: for ``weighted``: metric -> weight >= 0.
+        slos: list of ``{metric, percentile, max_ms}`` (default the spec's; ``[]`` for none).
+        n_boot: bootstrap resamples of every config's repeats (0: scores only, no intervals, no
+            ``p_best``: the fast path for very large datasets).
+        seed: seed of the resampling (each config draws from its own stream, see
+            :func:`analysis.pareto.bootstrap_medians`).
+        by: grouping columns; incomparable hardware classes never share a ranking.
+        latency: for ``knee``: the latency axis (default the first SLO's column, else ``ttft_ms_p99``).
+        table: the trial table of ``ds`` if already built (switching policies then costs no re-flattening;
+            its grouping is cached while the object lives, so do not modify it in place between calls).
+
+    Returns:
+        A :class:`RankingResult` with the ordered rows of every group, whether #1 is distinguishable
+        from #2, and caveats.
+
+    Raises:
+        AnalysisInputError: an unknown policy, metric, SLO column or a bad weight.
+    """
+    if policy not in POLICIES:
+        raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(POLICIES)}")
+    df = trial_table(ds) if table is None else table
+    obj = _objective_of(ds, objective)
+    metric_sense(obj)
+    if obj not in df:
+        raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
+    slo_list = _slos_of(ds, slos)
+    req = _Request(obj, weights, _slo_columns(slo_list, df), latency)
+    plan = POLICIES[policy].plan(req)
+    notes = Notes()
+    if plan.gate == [] and policy in ("slo_throughput", "per_gpu", "per_cost") and not slo_list:
+        notes.warn("no_slos", f"no SLOs are defined, so {policy} ranks by {plan.score_name} alone")
+    extra = {name: fn(df) for name, fn in plan.derived.items()}
+    groups = config_groups(df, plan.columns, by, with_trials=n_boot > 0, extra=extra)
+    out: list[RankedGroup] = []
+    n_single = n_two = 0
+    for g in groups:
+        if plan.needs_price and not _priced(df, g):
+            hw = g.key.get("hardware_class", "this hardware class")
+            msg = (f"no price per GPU-hour is given for {hw}, so configs cannot be ranked per dollar here "
+                   "(add gpu_hour_prices to the spec; prices are never invented)")
+            notes.warn("no_prices", msg, _subject(g.key))
+            out.append(RankedGroup(g.key, [], False, msg))
+            continue
+        ranked, single = _rank_group(g, plan, n_boot, seed)
+        n_single += single
+        n_two += int((g.counts == 2).sum())
+        out.append(ranked)
+    if n_single and n_boot > 0:
+        notes.warn("single_repeat", f"{n_single} config(s) have a single repeat: their score has no interval and "
+                                    "their p_best can only be 0 or 1 (one trial has no spread to resample); run "
+                                    "repeats to tell configs apart")
+    if n_two and n_boot > 0:
+        notes.warn("few_repeats", f"{n_two} config(s) have only 2 repeats: their bootstrap intervals are rough "
+                                  "(too narrow as a rule), so read their p_best and distinguishability with care")
+    return RankingResult(
+        policy=policy, description=POLICIES[policy].description, objective=obj, score_name=plan.score_name,
+        higher_is_better=plan.sense > 0, slos=slo_list, groups=out, n_boot=max(0, n_boot), claim=claim_for(ds),
+        warnings=notes.warnings, subsampled=notes.subsampled)
+
+
+def _priced(df: pd.DataFrame, g: ConfigGroup) -> bool:
+    if "gpu_hour_price" not in df:
+        return False
+    prices = df["gpu_hour_price"].to_numpy(dtype=float)[g.first_rows]
+    return bool(np.isfinite(prices).any())
+
+
+def _subject(key: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in key.items())
+
+
+def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[RankedGroup, int]:
+    has = g.counts > 0
+    sense = plan.sense
+    score = plan.score(g.medians) * sense  # higher is better from here on
+    score = np.where(has, score, np.nan)
+    tier = _tiers(g.medians, has, plan.gate)
+    order = _order(tier, score)
+    boot_score = boot_tier = None
+    p_best = np.full(len(has), np.nan)
+    if n_boot > 0 and has.any():
+        med = bootstrap_medians(g, n_boot, seed)
+        boot_score = np.where(has[None, :], plan.score(med) * sense, np.nan)
+        boot_tier = _tiers(med, np.broadcast_to(has, boot_score.shape), plan.gate)
+        best = _best(boot_tier, boot_score)
+        p_best = np.bincount(best, minlength=len(has)) / n_boot
+    single = has & (g.counts == 1)
+    rows: list[RankedRow] = []
+    for r, c in enumerate(order, start=1):
+        est = float(score[c] * sense)
+        if boot_score is not None and has[c] and not single[c]:
+            iv = percentile_interval(boot_score[:, c] * sense, estimate=est, level=LEVEL)
+        else:
+            iv = Interval(est, math.nan, math.nan, LEVEL)
+        met = None
+        if plan.gate and has[c]:
+            met = bool(tier[c] == _MEETS)
+        rows.append(RankedRow(
+            rank=r, config_id=str(g.config_ids[c]), label=g.labels[c], score=iv, n_ok=int(g.n_ok[c]),
+            n_failed=int(g.n_failed[c]), n_holes=int(g.n_holes[c]), n_repeats=int(g.counts[c]), slos_met=met,
+            p_best=None if boot_score is None else float(p_best[c]),
+            values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}))
+    group = _distinguish(g, plan, order, tier, score, boot_tier, boot_score, single, rows, n_boot)
+    return group, int(single.sum())
+
+
+def _distinguish(g: ConfigGroup, plan: _Plan, order: np.ndarray, tier: np.ndarray, score: np.ndarray,
+                 boot_tier: np.ndarray | None, boot_score: np.ndarray | None, single: np.ndarray,
+                 rows: list[RankedRow], n_boot: int) -> RankedGroup:
+    measured = [int(c) for c in order if tier[c] != _NO_DATA]
+    if not measured:
+        return RankedGroup(g.key, rows, False, "no config has a usable trial in this group, so there is no #1")
+    first = int(order[0])
+    name1 = f"#1 ({g.labels[first]})"
+    if len(order) < 2:
+        return RankedGroup(g.key, rows, False, f"{name1} is the only config in this group; there is nothing to "
+                                               "distinguish it from")
+    second = int(order[1])
+    name2 = f"#2 ({g.labels[second]})"
+    if tier[second] == _NO_DATA:
+        return RankedGroup(g.key, rows, True, f"{name1} is the only config with a usable trial; {name2} and any "
+                                              "below it failed every trial")
+    if boot_tier is None or boot_score is None:
+        return RankedGroup(g.key, rows, False, f"no bootstrap was run (n_boot={n_boot}), so whether {name1} is "
+                                               f"distinguishable from {name2} was not assessed")
+    if single[first] or single[second]:
+        return RankedGroup(g.key, rows, False, f"whether {name1} is distinguishable from {name2} cannot be told: "
+                                               "at least one of them has a single repeat, which has no spread to "
+                                               "resample")
+    t1, t2 = boot_tier[:, first], boot_tier[:, second]
+    s1 = np.where(np.isfinite(boot_score[:, first]), boot_score[:, first], -np.inf)
+    s2 = np.where(np.isfinite(boot_score[:, second]), boot_score[:, second], -np.inf)
+    above = (t1 < t2) | ((t1 == t2) & ((s1 > s2) | ((s1 == s2) & (first < second))))
+    p_order = float(above.mean())
+    diff = (boot_score[:, first] - boot_score[:, second]) * plan.sense
+    margin = percentile_interval(diff, estimate=float((score[first] - score[second]) * plan.sense), level=LEVEL)
+    ok = p_order >= 1.0 - (1.0 - LEVEL) / 2.0
+    gated = f"; #2 misses an SLO in {np.mean(t2 > t1):.0%} of them" if plan.gate and (t2 > t1).any() else ""
+    if ok:
+        sentence = (f"{name1} is distinguishable from {name2}: it ranked above #2 in {p_order:.1%} of "
+                    f"{n_boot} bootstrap resamples of the repeats{gated}; {plan.score_name} difference "
+                    f"{margin}")
+    else:
+        sentence = (f"{name1} is not distinguishable from {name2}: it ranked above #2 in only {p_order:.1%} of "
+                    f"{n_boot} bootstrap resamples of the repeats (needs {1 - (1 - LEVEL) / 2:.1%}){gated}; "
+                    f"{plan.score_name} difference {margin}")
+    return RankedGroup(g.key, rows, bool(ok), sentence, margin, p_order)

@@ -1,0 +1,212 @@
+"""Failure probability by region: Wilson intervals, kinds kept apart, logistic model and its fallback.
+
+Ground truth from :func:`analysis.synthetic.planted` (SYNTHETIC data): a failure region
+``gpu_memory_utilization >= 0.95 and max_num_seqs >= 128`` failing at ``fail_rate_region``, elsewhere
+``fail_rate_base``, transport failures anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from statsmodels.stats.proportion import proportion_confint
+
+from analysis.common import jsonable
+from analysis.failure import FailureGroup, FailureResult, RegionRate, failure_probability, wilson_interval
+from analysis.frame import AnalysisInputError
+from analysis.synthetic import planted
+
+PAIR = ("max_num_seqs", "gpu_memory_utilization")
+CUTS = {"max_num_seqs": [128]}
+
+
+def region(group: FailureGroup, params: tuple[str, ...], levels: tuple[str, ...]) -> RegionRate:
+    found = [r for r in group.regions if r.params == params and r.levels == levels]
+    assert len(found) == 1, f"region {params}={levels} not found in {[r.label for r in group.regions]}"
+    return found[0]
+
+
+def codes(res: FailureResult) -> set[str]:
+    return {w.code for w in res.warnings}
+
+
+@pytest.mark.parametrize("level", [0.8, 0.95, 0.99])
+def test_wilson_matches_statsmodels(level: float) -> None:
+    for n in (1, 2, 7, 30, 250):
+        for x in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+            ours = wilson_interval(x, n, level)
+            lo, hi = proportion_confint(x, n, alpha=1 - level, method="wilson")
+            assert ours.low == pytest.approx(lo, abs=1e-9) and ours.high == pytest.approx(hi, abs=1e-9), (x, n)
+            assert ours.estimate == pytest.approx(x / n)
+    assert np.isnan(wilson_interval(0, 0).low)
+    with pytest.raises(AnalysisInputError):
+        wilson_interval(5, 3)
+
+
+def test_wilson_covers_planted_region_and_base_rates() -> None:
+    """Over 20 seeds the 95% intervals cover the planted failure rates about as often as promised."""
+    cover_region = cover_base = 0
+    for seed in range(20):
+        ds, truth = planted(n_configs=250, n_params=4, fail_rate_region=0.6, fail_rate_base=0.1,
+                            transport_rate=0.05, seed=seed)
+        res = failure_probability(ds, params=list(PAIR), cuts=CUTS, seed=seed)
+        g = res.groups[0]
+        hot = region(g, PAIR, (">= 128", "0.95"))
+        cold = region(g, ("max_num_seqs",), ("< 128",))  # entirely outside the failure region
+        assert hot.n >= 3
+        cover_region += not hot.rate.excludes(truth.fail_rate_region)
+        cover_base += not cold.rate.excludes(truth.fail_rate_base)
+    assert cover_region >= 17, cover_region
+    assert cover_base >= 17, cover_base
+
+
+def test_transport_failures_counted_apart_and_not_in_config_rate() -> None:
+    ds, _ = planted(n_configs=200, n_params=4, fail_rate_region=0.6, fail_rate_base=0.1, transport_rate=0.1, seed=3)
+    kind = ds["failure_kind"].values.astype(str)
+    n_transport = int((kind == "transport").sum())
+    n_measure = int((kind == "measurement").sum())
+    assert n_transport > 5
+    res = failure_probability(ds, params=list(PAIR), cuts=CUTS)
+    counts = {k.kind: k for k in res.by_kind}
+    assert counts["transport"].failures == n_transport and not counts["transport"].modelled
+    assert counts["measurement"].failures == n_measure and counts["measurement"].modelled
+    g = res.groups[0]
+    assert g.failures == n_measure
+    assert g.n == ds.sizes["trial"] - n_transport  # transport trials are neither failures nor successes
+    assert sum(r.n for r in g.regions if r.params == ("max_num_seqs",)) == g.n
+    assert "excluded_transport" in codes(res)
+    # asked for, transport failures do count
+    both = failure_probability(ds, params=list(PAIR), cuts=CUTS, kinds=["measurement", "transport"])
+    assert both.groups[0].failures == n_measure + n_transport
+
+
+def test_holes_and_baselines_are_not_failures() -> None:
+    ds, _ = planted(n_configs=80, n_params=4, baseline_every=10, seed=1)
+    status = ds["status"].values.astype(object).copy()
+    ok = np.flatnonzero((status == "ok") & ~ds["is_baseline"].values)
+    status[ok[:7]] = "hole"
+    holed = ds.assign_coords(status=("trial", status))
+    res = failure_probability(holed)
+    assert res.n_holes == 7
+    assert res.n_baseline == int(ds["is_baseline"].values.sum()) > 0
+    assert res.n_trials == 80 - 7
+    assert res.groups[0].failures == int((ds["failure_kind"].values == "measurement").sum())
+    assert "holes" in codes(res)
+
+
+def separated_dataset() -> tuple[object, int]:
+    ds, _ = planted(design="grid", params=list(PAIR), repeats=3, fail_rate_region=1.0, fail_rate_base=0.0, seed=0)
+    fails = int((ds["status"].values == "failed").sum())
+    return ds, fails
+
+
+def test_perfect_separation_falls_back_to_regional_intervals() -> None:
+    ds, fails = separated_dataset()
+    assert fails == 2 * 3  # (0.95) x (128, 256) x 3 repeats, none elsewhere
+    res = failure_probability(ds, cuts=CUTS)
+    g = res.groups[0]
+    assert "separation" in codes(res)
+    assert g.model == "fallback" and g.coefficients == []
+    assert all(r.predicted is None for r in g.regions)
+    hot = region(g, PAIR, (">= 128", "0.95"))
+    assert (hot.n, hot.failures) == (6, 6)
+    assert hot.rate.estimate == 1.0 and 0.5 < hot.rate.low < 1.0 and hot.rate.high == 1.0
+    for r in g.regions:
+        if r.params == PAIR and r.levels != (">= 128", "0.95"):
+            assert r.failures == 0 and r.rate.high < 0.5
+
+
+def test_logistic_model_with_intervals_when_identifiable() -> None:
+    """Enough events and no separation: coefficients with intervals, predictions per region, and the
+    main-effects model flags that it misses the planted (interaction) region."""
+    misfit = 0
+    for seed in range(5):
+        ds, _ = planted(n_configs=400, n_params=4, fail_rate_region=0.8, fail_rate_base=0.1, seed=seed)
+        res = failure_probability(ds, params=list(PAIR), cuts=CUTS, seed=seed)
+        g = res.groups[0]
+        assert g.model == "logit", res.warnings
+        coef = {c.term: c for c in g.coefficients}
+        # failures concentrate at high memory utilisation and many sequences: both push log-odds up
+        assert coef["gpu_memory_utilization"].log_odds.low > 0
+        assert coef["max_num_seqs"].log_odds.estimate > 0
+        assert coef["gpu_memory_utilization"].odds_ratio.estimate == pytest.approx(
+            np.exp(coef["gpu_memory_utilization"].log_odds.estimate))
+        for r in g.regions:
+            assert r.predicted is not None and r.predicted.low <= r.predicted.estimate <= r.predicted.high
+        misfit += "model_misfit" in codes(res)
+    assert misfit >= 3
+
+
+def test_few_events_caveat_and_no_model() -> None:
+    ds, _ = planted(n_configs=40, n_params=4, fail_rate_region=0.0, fail_rate_base=0.05, seed=2)
+    fails = int((ds["status"].values == "failed").sum())
+    assert fails < 5
+    res = failure_probability(ds)
+    assert "few_events" in codes(res)
+    assert res.groups[0].model == "none"
+    assert all(r.rate.low <= r.rate.estimate <= r.rate.high for r in res.groups[0].regions)
+
+
+def test_binning_keeps_whole_levels_and_caps_regions() -> None:
+    ds, _ = planted(n_configs=300, n_params=6, seed=4)
+    res = failure_probability(ds, max_regions=12)
+    g = res.groups[0]
+    assert len(g.regions) <= 12
+    mns = [r for r in g.regions if r.params == ("max_num_seqs",)]
+    if mns:  # 7 levels -> at most 4 bins, each a run of whole levels
+        assert len(mns) <= 4 and sum(r.n for r in mns) == g.n
+    full = failure_probability(ds, max_regions=64)
+    singles = {r.params[0] for r in full.groups[0].regions if len(r.params) == 1}
+    assert singles == {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "gpu_memory_utilization",
+                       "enable_prefix_caching", "block_size"}
+    assert full.subsampled and full.subsampled[0].used < full.subsampled[0].of  # not every pair fits in 64 cells
+    assert "regions_capped" in codes(res)
+
+
+def test_claim_wording_follows_design() -> None:
+    ds, _ = planted(n_configs=150, n_params=4, seed=5)
+    res = failure_probability(ds, params=list(PAIR), cuts=CUTS)
+    assert res.claim.kind == "effect"
+    assert all(r.statement.startswith("setting ") for r in res.groups[0].regions)
+    ds2, _ = planted(n_configs=150, n_params=4, design="adaptive", seed=5)
+    res2 = failure_probability(ds2, params=list(PAIR), cuts=CUTS)
+    assert res2.claim.kind == "association"
+    assert all("association" in r.statement for r in res2.groups[0].regions)
+
+
+def test_input_not_mutated_and_json() -> None:
+    ds, _ = planted(n_configs=120, n_params=4, transport_rate=0.05, baseline_every=5, seed=6)
+    before = ds.copy(deep=True)
+    res = failure_probability(ds, cuts=CUTS)
+    assert ds.identical(before) and ds.attrs == before.attrs
+    text = json.dumps(jsonable(res))
+    assert '"separation"' not in text or res.groups[0].model != "logit"
+    assert json.loads(text)["groups"][0]["hardware_class"] == "sim-gpu-a"
+
+
+def test_hardware_classes_analysed_separately() -> None:
+    ds, _ = planted(n_configs=60, n_params=4, hardware_classes=("a", "b"), seed=7)
+    res = failure_probability(ds)
+    assert [g.hardware_class for g in res.groups] == ["a", "b"]
+    assert sum(g.n for g in res.groups) == res.n_trials
+
+
+def test_bad_input_named() -> None:
+    ds, _ = planted(n_configs=30, n_params=3, seed=0)
+    with pytest.raises(AnalysisInputError, match="oom"):
+        failure_probability(ds, kinds=["oom"])
+    with pytest.raises(AnalysisInputError, match="nope"):
+        failure_probability(ds, params=["nope"])
+    with pytest.raises(AnalysisInputError, match="zzz"):
+        failure_probability(ds, load_point="zzz")
+    with pytest.raises(AnalysisInputError, match="enable_chunked_prefill"):
+        failure_probability(ds, cuts={"enable_chunked_prefill": [1]})
+
+
+def test_clustered_failures_flagged_only_when_repeats_agree() -> None:
+    """Deterministic per-config failures (every repeat fails or none does) make trials dependent."""
+    ds, _ = separated_dataset()
+    assert "clustered" in codes(failure_probability(ds, cuts=CUTS))
+    indep, _ = planted(n_configs=60, n_params=4, repeats=3, fail_rate_region=0.5, fail_rate_base=0.3, seed=8)
+    assert "clustered" not in codes(failure_probability(indep, cuts=CUTS))
