@@ -1,9 +1,12 @@
-"""Load an experiment's consolidated dataset (written by the coordinator after each result)."""
+"""Load experiments' consolidated datasets (written by the coordinator after each result)."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Sequence
 
+import numpy as np
 import xarray as xr
 
 from servetune.errors import ExperimentNotFoundError
@@ -27,3 +30,57 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     if version != SCHEMA_VERSION:
         raise ExperimentNotFoundError(f"{path} has schema version {version}; this servetune reads {SCHEMA_VERSION}")
     return loaded
+
+
+def load_many(
+    experiments: Sequence[str | os.PathLike[str]], results_root: str | os.PathLike[str] | None = None
+) -> xr.Dataset:
+    """Several experiments as one dataset: their trials concatenated along ``trial``.
+
+    A parameter one experiment swept and another did not is NaN / "" (vLLM's default) in the
+    other's rows. The attribute ``experiments`` lists them (JSON), and analyses word effects
+    across experiments as associations (they differ in more than one parameter). One experiment
+    returns exactly :func:`load`'s dataset.
+    """
+    if not experiments:
+        raise ExperimentNotFoundError("no experiment given")
+    parts = [load(e, results_root) for e in experiments]
+    if len(parts) == 1:
+        return parts[0]
+    return combine(parts)
+
+
+def combine(parts: Sequence[xr.Dataset]) -> xr.Dataset:
+    """Concatenate experiment datasets along ``trial`` (see :func:`load_many`)."""
+    coord_kinds: dict[str, np.dtype] = {}
+    for ds in parts:
+        for name, coord in ds.coords.items():
+            if coord.dims == ("trial",) and name != "trial":
+                coord_kinds.setdefault(str(name), coord.dtype)
+    filled = []
+    for ds in parts:
+        missing = {}
+        for name, dtype in coord_kinds.items():
+            if name in ds.coords:
+                continue
+            n = ds.sizes["trial"]
+            if dtype.kind in "OUS":
+                missing[name] = ("trial", np.full(n, "", dtype=object))
+            else:
+                missing[name] = ("trial", np.full(n, np.nan))
+        filled.append(ds.assign_coords(missing).drop_vars("trial"))
+    out = xr.concat(filled, dim="trial", coords="different", compat="equals", join="outer",
+                    combine_attrs="drop_conflicts")
+    out = out.assign_coords(trial=np.arange(out.sizes["trial"], dtype="int64"))
+    names = [str(ds.attrs.get("experiment", "")) for ds in parts]
+    out.attrs["experiments"] = json.dumps(names)
+    out.attrs["experiment"] = "+".join(names)
+    designs = {str(ds.attrs.get("design", "")) for ds in parts}
+    out.attrs["design"] = designs.pop() if len(designs) == 1 else "mixed"
+    swept: set[str] = set()
+    for ds in parts:
+        swept.update(json.loads(ds.attrs.get("swept_parameters", "[]") or "[]"))
+    out.attrs["swept_parameters"] = json.dumps(sorted(swept))
+    hws = {h for ds in parts for h in str(ds.attrs.get("hardware_classes", "")).split(",") if h}
+    out.attrs["hardware_classes"] = ",".join(sorted(hws))
+    return out

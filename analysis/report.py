@@ -1,0 +1,202 @@
+"""The full analysis of an experiment as one JSON document (``analyze --json``).
+
+:func:`analyze` runs every analysis on a dataset and returns plain JSON whose shape is described
+by ``analysis/analyze.schema.json`` (checked in tests). A section that the data cannot support
+(no swept parameter, no failures, no baseline) is present with ``{"skipped": "<why>"}`` rather than
+absent or invented. Everything a section subsampled to stay fast is also collected at the top
+level under ``subsampled``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from analysis.common import claim_for, context_of, design_of, jsonable
+from analysis.frame import AnalysisInputError, parameters, trial_table
+
+log = logging.getLogger(__name__)
+
+REPORT_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("analyze.schema.json")
+
+Progress = Callable[[int, int, str], None]
+
+
+def default_metric(ds: xr.Dataset) -> str:
+    """The spec's ranking objective (``output_throughput`` unless the spec chose another)."""
+    try:
+        return str(json.loads(ds.attrs.get("ranking", "") or "{}").get("objective") or "output_throughput")
+    except ValueError:
+        return "output_throughput"
+
+
+def analyze(
+    ds: xr.Dataset,
+    metric: str | None = None,
+    load_point: str | None = None,
+    policy: str = "slo_throughput",
+    n_boot: int = 100,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run every analysis on ``ds``; returns the JSON document (see the module docstring).
+
+    ``metric`` is the response of the parameter analyses (default: the spec's ranking objective);
+    ``load_point`` restricts those to one scenario (default: the scenario with the most ok trials,
+    since parameter effects differ between workloads). ``n_boot`` bootstrap replicates for the
+    importance fits (the other sections use their own documented defaults, scaled to it).
+    """
+    metric = metric or default_metric(ds)
+    df = trial_table(ds)
+    if metric not in df.columns:
+        raise AnalysisInputError(f"unknown metric {metric!r}")
+    lp = load_point or _main_load_point(df)
+    if lp is not None and lp not in set(df["load_point"].astype(str)):
+        raise AnalysisInputError(f"unknown load point {lp!r}; the dataset has: "
+                                 f"{', '.join(sorted(set(df['load_point'].astype(str))))}")
+    from analysis.ranking import POLICIES
+
+    if policy not in POLICIES:
+        raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    design, randomized = design_of(ds)
+    params = [p.name for p in parameters(ds)]
+    doc: dict[str, Any] = {
+        "report_version": REPORT_VERSION,
+        "experiment": str(ds.attrs.get("experiment", "")),
+        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
+        [str(ds.attrs.get("experiment", ""))],
+        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
+        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
+        "context": jsonable(context_of(ds, lp)),
+        "metric": metric,
+        "load_point": lp,
+        "parameters": params,
+        "counts": _counts(df),
+        "timings_s": {},
+    }
+    sections: list[tuple[str, Callable[[], Any]]] = [
+        ("pareto", lambda: _pareto(ds)),
+        ("ranking", lambda: _ranking(ds, policy, seed)),
+        ("importance", lambda: _importance(ds, metric, lp, n_boot, seed)),
+        ("partial_dependence", lambda: _pd(ds, params, metric, lp, seed)),
+        ("interactions", lambda: _interactions(ds, params, metric, lp, seed)),
+        ("failure", lambda: _failure(ds, lp, seed)),
+        ("drift", lambda: _drift(ds, metric)),
+    ]
+    for i, (name, fn) in enumerate(sections):
+        if progress is not None:
+            progress(i, len(sections), name)
+        t0 = time.perf_counter()
+        try:
+            doc[name] = fn()
+        except AnalysisInputError as exc:
+            doc[name] = {"skipped": str(exc)}
+        doc["timings_s"][name] = round(time.perf_counter() - t0, 3)
+        log.info("analysis section %s took %.2f s", name, doc["timings_s"][name])
+    if progress is not None:
+        progress(len(sections), len(sections), "done")
+    doc["subsampled"] = _collect(doc, "subsampled")
+    doc["warnings"] = _collect(doc, "warnings")
+    return doc
+
+
+def _main_load_point(df: Any) -> str | None:
+    ok = df[(df["status"] == "ok") & ~df["is_baseline"].astype(bool)]
+    if ok.empty:
+        return None
+    return str(ok["load_point"].astype(str).value_counts().idxmax())
+
+
+def _counts(df: Any) -> dict[str, int]:
+    status = df["status"].astype(str)
+    baseline = df["is_baseline"].astype(bool)
+    out = {"trials": int(len(df)), "ok": int((status == "ok").sum()), "failed": int((status == "failed").sum()),
+           "hole": int((status == "hole").sum()), "baseline": int(baseline.sum()),
+           "configs": int(df["config_id"].nunique())}
+    return out
+
+
+def _collect(doc: dict[str, Any], key: str) -> list[Any]:
+    found: list[Any] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == key and isinstance(v, list):
+                    found.extend({**item, "section": where} if isinstance(item, dict) else item for item in v)
+                else:
+                    walk(v, where)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, where)
+
+    for section in ("pareto", "ranking", "importance", "partial_dependence", "interactions", "failure", "drift"):
+        walk(doc.get(section), section)
+    return found
+
+
+def _pareto(ds: xr.Dataset) -> Any:
+    from analysis.pareto import front
+
+    return jsonable(front(ds, metrics=("output_throughput", "ttft_ms_p99")))
+
+
+def _ranking(ds: xr.Dataset, policy: str, seed: int) -> Any:
+    from analysis.ranking import rank
+
+    return jsonable(rank(ds, policy=policy, seed=seed))
+
+
+def _importance(ds: xr.Dataset, metric: str, lp: str | None, n_boot: int, seed: int) -> Any:
+    from analysis.importance import importance
+
+    if not parameters(ds):
+        raise AnalysisInputError("no parameter was swept: there is nothing to attribute")
+    return jsonable(importance(ds, metric=metric, load_point=lp, n_boot=n_boot, seed=seed))
+
+
+def _pd(ds: xr.Dataset, params: list[str], metric: str, lp: str | None, seed: int) -> Any:
+    from analysis.effects import partial_dependence
+
+    if not params:
+        raise AnalysisInputError("no parameter was swept: there is no partial dependence to show")
+    return [jsonable(partial_dependence(ds, p, metric=metric, load_point=lp, seed=seed)) for p in params]
+
+
+def _interactions(ds: xr.Dataset, params: list[str], metric: str, lp: str | None, seed: int) -> Any:
+    from analysis.interactions import interactions
+
+    if len(params) < 2:
+        raise AnalysisInputError("fewer than two parameters were swept: there is no pair to interact")
+    return jsonable(interactions(ds, metric=metric, load_point=lp, seed=seed))
+
+
+def _failure(ds: xr.Dataset, lp: str | None, seed: int) -> Any:
+    from analysis.failure import failure_probability
+
+    status = np.asarray(ds["status"].values).astype(str)
+    if not (status != "hole").any():
+        raise AnalysisInputError("no trial has finished: there is no failure rate to estimate")
+    return jsonable(failure_probability(ds, seed=seed))
+
+
+def _drift(ds: xr.Dataset, metric: str) -> Any:
+    from analysis.drift import drift
+
+    return jsonable(drift(ds, metric=metric))
+
+
+def validate_report(doc: dict[str, Any]) -> None:
+    """Check ``doc`` against ``analysis/analyze.schema.json`` (raises jsonschema.ValidationError)."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    jsonschema.validate(doc, schema)

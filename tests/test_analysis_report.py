@@ -1,0 +1,113 @@
+"""The full analysis document: ``analyze`` on planted data and ``coordinator analyze --json`` on a
+real vLLM sweep, both checked against the JSON Schema kept in the repo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import xarray as xr
+
+import analysis
+from analysis.report import SCHEMA_PATH, analyze, validate_report
+from analysis.synthetic import planted
+from tests.conftest import SweepRun, coordinator_cmd
+
+SECTIONS = ("pareto", "ranking", "importance", "partial_dependence", "interactions", "failure", "drift")
+
+
+@pytest.fixture(scope="module")
+def planted_doc() -> dict:
+    ds, _ = planted(n_configs=80, n_params=6, repeats=2, baseline_every=12, drift_at=0.7, seed=5)
+    return ds.sweep.analyze(n_boot=20, seed=1)
+
+
+def test_schema_is_a_valid_json_schema() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_planted_document_matches_schema_and_finds_the_truth(planted_doc: dict) -> None:
+    validate_report(planted_doc)
+    assert planted_doc["synthetic"] is True
+    assert planted_doc["design"]["claim"]["kind"] == "effect"
+    for name in SECTIONS:
+        assert "skipped" not in planted_doc[name], (name, planted_doc[name])
+    verdicts = {p["name"]: p["verdict"] for p in planted_doc["importance"]["parameters"]}
+    assert verdicts["max_num_seqs"] == "important"
+    assert planted_doc["drift"]["charts"] and planted_doc["drift"]["alarm"], "baseline re-runs and a drift were planted"
+    json.dumps(planted_doc, allow_nan=False)  # strict JSON: no NaN
+
+
+def test_schema_rejects_a_document_missing_a_section(planted_doc: dict) -> None:
+    broken = {k: v for k, v in planted_doc.items() if k != "importance"}
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(broken)
+
+
+def test_sections_the_data_cannot_support_are_skipped_with_a_reason() -> None:
+    ds, _ = planted(n_configs=12, n_params=1, seed=3)
+    doc = analyze(ds, n_boot=5)
+    validate_report(doc)
+    assert "two parameters" in doc["interactions"]["skipped"]
+    assert "baseline" in json.dumps(doc["drift"])  # no baseline runs: said, not invented
+
+
+def test_analyze_does_not_modify_the_dataset() -> None:
+    ds, _ = planted(n_configs=30, n_params=4, repeats=2, seed=4)
+    before = ds.copy(deep=True)
+    analyze(ds, n_boot=5)
+    xr.testing.assert_identical(ds, before)
+
+
+def test_unknown_metric_is_named() -> None:
+    ds, _ = planted(n_configs=10, n_params=2, seed=1)
+    with pytest.raises(ValueError, match="not_a_metric"):
+        analyze(ds, metric="not_a_metric")
+
+
+@pytest.mark.vllm
+def test_coordinator_analyze_json_on_a_real_sweep(e2e_sweep: SweepRun, tmp_path: Path) -> None:
+    out = tmp_path / "analysis.json"
+    proc = subprocess.run(
+        coordinator_cmd("analyze", "e2e", "--results-root", str(e2e_sweep.root), "--json", "--n-boot", "10",
+                        "--out", str(out)),
+        capture_output=True, text=True, timeout=600, env=e2e_sweep.env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate_report(doc)
+    assert json.loads(out.read_text()) == doc
+    assert doc["experiment"] == "e2e" and doc["synthetic"] is False
+    assert doc["counts"]["failed"] >= 2  # the config whose server refuses to start, at both load points
+    assert "analysis [" in proc.stderr  # progress on stderr, JSON alone on stdout
+    # two working configs and one failed: too little data for importance, and the output says so
+    codes = {w["code"] for w in doc["warnings"]}
+    assert codes & {"too_few_trials", "poor_fit", "aliased"}, codes
+    ranking = doc["ranking"]
+    assert ranking["groups"] and all(g["rows"] for g in ranking["groups"])
+
+
+@pytest.mark.vllm
+def test_coordinator_analyze_bad_input_exits_2(e2e_sweep: SweepRun) -> None:
+    for extra, needle in ((["--metric", "bogus_metric"], "bogus_metric"),
+                          (["--load-point", "nope"], "nope"),
+                          (["--policy", "no_such_policy"], "no_such_policy")):
+        proc = subprocess.run(
+            coordinator_cmd("analyze", "e2e", "--results-root", str(e2e_sweep.root), "--json", *extra),
+            capture_output=True, text=True, timeout=300, env=e2e_sweep.env,
+        )
+        assert proc.returncode == 2 and needle in proc.stderr, (extra, proc.returncode, proc.stderr[-500:])
+        assert proc.stdout == ""
+    proc = subprocess.run(coordinator_cmd("analyze", "no_such_experiment", "--json"), capture_output=True,
+                          text=True, timeout=120, env=e2e_sweep.env, cwd=e2e_sweep.root)
+    assert proc.returncode == 2 and "no_such_experiment" in proc.stderr
+
+
+def test_accessor_is_registered() -> None:
+    ds, _ = planted(n_configs=10, n_params=2, seed=1)
+    assert hasattr(ds, "sweep") and analysis.load is not None
+    assert ds.sweep.filter(status="ok").sizes["trial"] <= ds.sizes["trial"]
