@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
@@ -15,15 +16,19 @@ from servetune.schema import DATASET_FILE, SCHEMA_VERSION
 
 
 def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str] | None = None) -> xr.Dataset:
-    """The dataset of ``experiment`` (its name, folder, or spec file), fully read into memory.
+    """The dataset of ``experiment`` (its name, folder, spec file, or a ``results.nc`` path), fully read into memory.
 
     One row per trial on the ``trial`` dimension (its latest finished attempt or its hole);
     latencies over ``quantile``. Raises :class:`ExperimentNotFoundError` when there is none.
     """
-    folder = resolve_experiment_dir(experiment, results_root)
-    path = folder / DATASET_FILE
+    direct = Path(experiment)
+    if direct.suffix == ".nc" and direct.is_file():
+        path = direct  # a results.nc copied out of its experiment folder
+    else:
+        folder = resolve_experiment_dir(experiment, results_root)
+        path = folder / DATASET_FILE
     if not path.exists():
-        raise ExperimentNotFoundError(f"experiment {folder} has no {DATASET_FILE} yet")
+        raise ExperimentNotFoundError(f"experiment {path.parent} has no {DATASET_FILE} yet")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         loaded = ds.load()
     version = int(loaded.attrs.get("schema_version", 0))

@@ -84,9 +84,11 @@ def test_coordinator_analyze_json_on_a_real_sweep(e2e_sweep: SweepRun, tmp_path:
     assert doc["experiment"] == "e2e" and doc["synthetic"] is False
     assert doc["counts"]["failed"] >= 2  # the config whose server refuses to start, at both load points
     assert "analysis [" in proc.stderr  # progress on stderr, JSON alone on stdout
-    # two working configs and one failed: too little data for importance, and the output says so
+    # two working configs and one failed, one repeat, no baseline: too little data for importance
+    # and effects (skipped, with the count), and the output says what else it cannot support
+    assert "need at least" in doc["importance"]["skipped"], doc["importance"]
     codes = {w["code"] for w in doc["warnings"]}
-    assert codes & {"too_few_trials", "poor_fit", "aliased"}, codes
+    assert {"single_repeat", "few_events", "no_baseline"} <= codes, codes
     ranking = doc["ranking"]
     assert ranking["groups"] and all(g["rows"] for g in ranking["groups"])
 
