@@ -62,7 +62,8 @@ class Parameter:
     dataset ``column`` holding it, its ``kind`` and its observed ``levels`` (sorted, missing left out).
 
     ``log`` is true for positive numeric parameters spanning a ratio of 8 or more (batch sizes,
-    token budgets): models and plots then use their log2.
+    token budgets): models and plots then use their log2. A string parameter (an environment
+    variable) that some configs leave unset has ``""`` (vLLM's default) as one of its levels.
     """
 
     name: str
@@ -76,8 +77,11 @@ class Parameter:
         Missing values (vLLM's default: the flag was not passed) become NaN."""
         arr = np.asarray(values, dtype=object)
         out = np.full(len(arr), np.nan)
+        default = self.levels.index("") if self.kind == "categorical" and "" in self.levels else None
         for i, v in enumerate(arr):
             if _missing(v):
+                if default is not None:
+                    out[i] = float(default)
                 continue
             if self.kind == "numeric":
                 x = float(v)
@@ -151,7 +155,9 @@ def _describe(column: str, values: np.ndarray) -> Parameter:
     try:
         nums = [float(s) for s in strs]
     except ValueError:
-        return Parameter(name, column, "categorical", tuple(strs))
+        # an environment variable some configs leave unset: "" (vLLM's default) is a level of its own
+        unset = len(present) < len(values) and values.dtype.kind in "OUS"
+        return Parameter(name, column, "categorical", (("",) if unset else ()) + tuple(strs))
     levels_n = tuple(sorted(set(nums)))
     log = bool(levels_n) and min(levels_n) > 0 and max(levels_n) / min(levels_n) >= 8
     return Parameter(name, column, "numeric", levels_n, log)

@@ -127,3 +127,12 @@ def test_percentile_interval_and_jsonable() -> None:
     assert math.isnan(percentile_interval([math.nan]).estimate)
     assert jsonable({"a": np.float64("nan"), "b": (np.int64(3), np.bool_(True)), "c": iv}) == {
         "a": None, "b": [3, True], "c": {"estimate": 500.0, "low": iv.low, "high": iv.high, "level": 0.95}}
+
+
+def test_unset_environment_variable_is_a_level_of_its_own() -> None:
+    ds, _ = planted(n_configs=6, params=["max_num_seqs"], seed=7)
+    values = np.array(["" if i % 2 else "NOT_A_LEVEL" for i in range(ds.sizes["trial"])], dtype=object)
+    ds = ds.assign_coords({"param_env.VLLM_LOGGING_LEVEL": ("trial", values)})
+    p = {q.name: q for q in parameters(ds)}["env.VLLM_LOGGING_LEVEL"]
+    assert p.kind == "categorical" and p.levels == ("", "NOT_A_LEVEL")
+    assert p.encode(np.array(["", "NOT_A_LEVEL", None], dtype=object)).tolist() == [0.0, 1.0, 0.0]
