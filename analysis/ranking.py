@@ -7,7 +7,10 @@ of replication); its interval and its probability of being #1 (``p_best``) come 
 config's repeats with replacement (``n_boot`` times) and recomputing the whole ranking. Switching the
 policy re-reads the same trial table; nothing is re-run.
 
-Policies (:data:`POLICIES`; higher scores rank first, ties by config id):
+Policies (:data:`POLICIES`; higher scores rank first, ties by config id). Under every policy a
+config some of whose trials failed (a measurement failure: OOM, a server that died under load)
+ranks after every config of its SLO tier whose trials all succeeded: a config that works only
+sometimes is not a deployment answer, however fast its lucky runs were.
 
 ``slo_throughput``
     the objective (default the spec's ``ranking.objective``, e.g. ``output_throughput``) among the
@@ -64,8 +67,10 @@ from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups
 log = logging.getLogger(__name__)
 
 LEVEL = 0.95
-#: tiers of the ranking key: meets every SLO (or no gate), misses one, no usable trial
-_MEETS, _MISSES, _NO_DATA = 0, 1, 2
+#: tiers of the ranking key: meets every SLO (or no gate), misses one, no usable trial; a config
+#: some of whose trials failed (OOM, died under load) sits just below its SLO tier (+1)
+_MEETS, _MISSES, _NO_DATA = 0, 2, 4
+_FAILS = 1
 
 
 @dataclass(frozen=True)
@@ -343,13 +348,13 @@ def _objective_of(ds: xr.Dataset, objective: str | None) -> str:
     return "output_throughput"
 
 
-def _tiers(med: np.ndarray, has: np.ndarray, gate: list[tuple[int, float]]) -> np.ndarray:
-    """``... x C`` tiers from medians ``... x C x m``."""
+def _tiers(med: np.ndarray, has: np.ndarray, gate: list[tuple[int, float]], failing: np.ndarray) -> np.ndarray:
+    """``... x C`` tiers from medians ``... x C x m``; ``failing`` (``C``) marks configs with failed trials."""
     tier = np.where(has, _MEETS, _NO_DATA)
     for j, limit in gate:
         miss = ~(med[..., j] <= limit)
         tier = np.where((tier == _MEETS) & miss, _MISSES, tier)
-    return tier
+    return np.where((tier != _NO_DATA) & failing, tier + _FAILS, tier)
 
 
 def _order(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -453,14 +458,15 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[Ra
     sense = plan.sense
     score = plan.score(g.medians) * sense  # higher is better from here on
     score = np.where(has, score, np.nan)
-    tier = _tiers(g.medians, has, plan.gate)
+    failing = g.n_failed > 0
+    tier = _tiers(g.medians, has, plan.gate, failing)
     order = _order(tier, score)
     boot_score = boot_tier = None
     p_best = np.full(len(has), np.nan)
     if n_boot > 0 and has.any():
         med = bootstrap_medians(g, n_boot, seed)
         boot_score = np.where(has[None, :], plan.score(med) * sense, np.nan)
-        boot_tier = _tiers(med, np.broadcast_to(has, boot_score.shape), plan.gate)
+        boot_tier = _tiers(med, np.broadcast_to(has, boot_score.shape), plan.gate, failing)
         best = _best(boot_tier, boot_score)
         p_best = np.bincount(best, minlength=len(has)) / n_boot
     single = has & (g.counts == 1)
@@ -473,7 +479,7 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[Ra
             iv = Interval(est, math.nan, math.nan, LEVEL)
         met = None
         if plan.gate and has[c]:
-            met = bool(tier[c] == _MEETS)
+            met = bool(tier[c] - (tier[c] & _FAILS) == _MEETS)
         rows.append(RankedRow(
             rank=r, config_id=str(g.config_ids[c]), label=g.labels[c], score=iv, n_ok=int(g.n_ok[c]),
             n_failed=int(g.n_failed[c]), n_holes=int(g.n_holes[c]), n_repeats=int(g.counts[c]), slos_met=met,

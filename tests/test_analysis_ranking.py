@@ -108,8 +108,10 @@ def test_failed_configs_rank_last_baselines_are_left_out_and_counts_are_kept() -
             + [{"config_id": "base", "output_throughput": 9e9, "ttft_p99": 1.0, "is_baseline": True}] * 3)
     res = rank(make_ds(recs), n_boot=50)
     rows = res.groups[0].rows
-    assert order(res) == ["flaky", "good", "broken"]
-    assert (rows[0].n_ok, rows[0].n_failed) == (2, 2) and (rows[2].n_ok, rows[2].n_failed) == (0, 3)
+    # flaky is faster but failed half its trials: a config that works only sometimes ranks after
+    # every reliable one; a config that never worked ranks last
+    assert order(res) == ["good", "flaky", "broken"]
+    assert (rows[1].n_ok, rows[1].n_failed) == (2, 2) and (rows[2].n_ok, rows[2].n_failed) == (0, 3)
     assert math.isnan(rows[2].score.estimate) and rows[2].p_best == 0.0 and rows[2].slos_met is None
     assert any(w.code == "few_repeats" for w in res.warnings)
 
@@ -147,7 +149,10 @@ def test_fast_path_matches_the_bootstrap_path_and_plain_medians() -> None:
         sub = df[(df.load_point == gf.group["load_point"]) & (df.hardware_class == gf.group["hardware_class"])]
         med = sub.groupby("config_id")["output_throughput"].median()
         meets = sub.groupby("config_id")["ttft_ms_p99"].median() <= 200.0
-        want = sorted(med.index, key=lambda c: (not meets[c], -med[c], c))
+        every = trial_table(ds)
+        every = every[(every.load_point == gf.group["load_point"]) & (every.hardware_class == gf.group["hardware_class"])]
+        failed = every[every.status == "failed"].groupby("config_id").size()
+        want = sorted(med.index, key=lambda c: (not meets[c], failed.get(c, 0) > 0, -med[c], c))
         assert order_of(gf)[:len(want)] == want
         for r in gf.rows[:len(want)]:
             assert r.score.estimate == pytest.approx(med[r.config_id])
@@ -230,3 +235,17 @@ def test_adding_a_failed_or_dominated_config_changes_nothing_else(configs: list[
         (c, s, lo, hi, p, m) for c, _, s, lo, hi, p, m in before]
     assert after[0][0] != "zz-dominated"
     assert next(row for row in after if row[0] == "zz-dominated")[5] == 0.0
+
+
+def test_a_config_that_sometimes_fails_ranks_after_reliable_ones() -> None:
+    """The fastest config fails in most of its repeats (OOM): it must not win over a reliable one."""
+    from analysis.synthetic import planted
+
+    ds, _ = planted(n_configs=150, n_params=4, repeats=4, fail_rate_region=0.6, fail_rate_base=0.0, seed=11)
+    res = rank(ds, "slo_throughput", slos=[], n_boot=50)
+    rows = res.groups[0].rows
+    reliable = [r for r in rows if r.n_failed == 0 and r.n_ok > 0]
+    flaky = [r for r in rows if r.n_failed > 0 and r.n_ok > 0]
+    assert reliable and flaky
+    assert max(r.rank for r in reliable) < min(r.rank for r in flaky)
+    assert max(r.score.estimate for r in flaky) > rows[0].score.estimate, "the planted flaky configs are faster"

@@ -1,0 +1,594 @@
+"""The static report: one self-contained HTML file that opens offline.
+
+``python -m coordinator report EXPERIMENT --out report.html`` runs ``python -m dashboards report``
+(this module's :func:`main`). The report holds the Pareto front (a Bokeh plot through HoloViews), the
+ranking under the spec's policy (winner, runner-up, whether they are distinguishable, and the
+winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importance with intervals
+and verdicts, the failure map (regions with Wilson intervals), every warning and the
+causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
+hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
+:func:`analysis.report.analyze`, exactly what ``analyze --json`` prints.
+
+Panel's ``save(resources=INLINE)`` inlines the JavaScript but its documents still point at CSS on
+``cdn.holoviz.org`` (``ImportedStyleSheet`` models in the embedded Bokeh document) and at favicons.
+:func:`make_offline` turns every such style sheet into an ``InlineStyleSheet`` carrying the file's
+text from the installed ``panel`` package (with the images it references inlined as ``data:``
+URIs), drops the favicon links, and refuses to return a page that still references a network URL
+it knows how to find (:func:`external_references`). The browser test opens the result with the
+network blocked and counts requests.
+
+The file is written atomically (a temporary file in the same folder, then a rename); a bad
+experiment exits 2 naming it and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import logging
+import math
+import mimetypes
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from analysis.common import jsonable
+from analysis.frame import AnalysisInputError, trial_table
+from analysis.load import load_many
+from analysis.pareto import param_values
+from servetune.errors import ServetuneError
+from servetune.export import engine_config_from_params, model_argument, serve_command
+
+log = logging.getLogger(__name__)
+
+#: Non-front configs drawn per Pareto plot at most (a deterministic sample; the front is always drawn).
+MAX_PLOT_POINTS = 5000
+#: Rows of each ranking table.
+TOP_ROWS = 10
+_PANEL_CDN = re.compile(r"https?://cdn\.holoviz\.org/panel/[^/]+/dist/([^?#\"']+)(?:\?[^#\"']*)?")
+_JSON_SCRIPT = re.compile(r'(<script type="application/json" id="[^"]+">)(.*?)(</script>)', re.S)
+_ICON_LINK = re.compile(r'<link rel="[^"]*icon[^"]*"[^>]*>')
+_CSS_URL = re.compile(r"url\(\s*(['\"]?)([^'\")]+)\1\s*\)")
+_CSS_IMPORT = re.compile(r"@import\s+url\(\s*(['\"]?)([^'\")]+)\1\s*\)\s*;?")
+_NETWORK_URL = re.compile(r"^(https?:)?//", re.I)
+
+
+class OfflineError(ServetuneError):
+    """The saved page still references a network resource that could not be inlined."""
+
+
+# --- making a saved Panel page offline -----------------------------------------------------------------
+
+
+def panel_dist() -> Path:
+    """The ``dist`` folder of the installed ``panel`` package (what its CDN serves)."""
+    import panel
+
+    return Path(panel.__file__).parent / "dist"
+
+
+def _data_uri(path: Path) -> str:
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def inline_css(path: Path, seen: frozenset[Path] = frozenset()) -> str:
+    """The CSS file at ``path`` with its ``@import``s expanded and relative ``url()``s as data URIs.
+
+    Raises :class:`OfflineError` for a network URL inside it or a missing referenced file."""
+    text = path.read_text(encoding="utf-8")
+    here = path.parent
+
+    def _import(m: re.Match[str]) -> str:
+        target = (here / m.group(2)).resolve()
+        if _NETWORK_URL.match(m.group(2)) or not target.is_file():
+            raise OfflineError(f"{path} imports {m.group(2)!r}, which is not a local file")
+        return "" if target in seen else inline_css(target, seen | {path.resolve()})
+
+    def _url(m: re.Match[str]) -> str:
+        ref = m.group(2).strip()
+        if ref.startswith(("data:", "#")):
+            return m.group(0)
+        if _NETWORK_URL.match(ref):
+            raise OfflineError(f"{path} references the network URL {ref!r}")
+        target = (here / ref.split("?")[0].split("#")[0]).resolve()
+        if not target.is_file():
+            raise OfflineError(f"{path} references {ref!r}, which is not in the installed package")
+        return f"url('{_data_uri(target)}')"
+
+    return _CSS_URL.sub(_url, _CSS_IMPORT.sub(_import, text))
+
+
+def _local_file(url: str, dist: Path) -> Path | None:
+    m = _PANEL_CDN.fullmatch(url)
+    if not m:
+        return None
+    path = (dist / m.group(1)).resolve()
+    return path if path.is_file() and dist.resolve() in path.parents else None
+
+
+def _inline_document(node: Any, dist: Path, cache: dict[Path, str]) -> int:
+    """Turn every ImportedStyleSheet of a Bokeh document (JSON) into an InlineStyleSheet, in place."""
+    count = 0
+    if isinstance(node, dict):
+        if node.get("name") == "ImportedStyleSheet" and node.get("type") == "object":
+            url = str((node.get("attributes") or {}).get("url", ""))
+            local = _local_file(url, dist)
+            if local is None:
+                raise OfflineError(f"the page imports the style sheet {url!r}, which is not in the installed panel")
+            if local not in cache:
+                cache[local] = inline_css(local)
+            node["name"] = "InlineStyleSheet"
+            node["attributes"] = {"css": cache[local]}
+            count += 1
+        for value in node.values():
+            count += _inline_document(value, dist, cache)
+    elif isinstance(node, list):
+        for value in node:
+            count += _inline_document(value, dist, cache)
+    return count
+
+
+def make_offline(page: str) -> str:
+    """A page saved by Panel with inline resources, made to load with no network request.
+
+    Raises :class:`OfflineError` when a referenced resource cannot be found locally."""
+    dist = panel_dist()
+    cache: dict[Path, str] = {}
+    n_sheets = 0
+
+    def _doc(m: re.Match[str]) -> str:
+        nonlocal n_sheets
+        doc = json.loads(m.group(2))
+        n_sheets += _inline_document(doc, dist, cache)
+        text = json.dumps(doc, separators=(",", ":")).replace("</", "<\\/")
+        return m.group(1) + text + m.group(3)
+
+    page = _JSON_SCRIPT.sub(_doc, page)
+    page = _ICON_LINK.sub("", page)
+    left = external_references(page)
+    if left:
+        raise OfflineError(f"the page still references {len(left)} network resource(s): {', '.join(left[:5])}")
+    log.info("inlined %d style sheet reference(s) (%d files)", n_sheets, len(cache))
+    return page
+
+
+def external_references(page: str) -> list[str]:
+    """Network URLs the page loads by itself: ``src``/``href`` of script, link and img tags, and
+    string values in the embedded Bokeh documents that are URLs (style sheets, images)."""
+    found: list[str] = []
+    for m in re.finditer(r"<(?:script|link|img)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", page):
+        if _NETWORK_URL.match(m.group(1)):
+            found.append(m.group(1))
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str) and _NETWORK_URL.match(node):
+            found.append(node)
+
+    for m in _JSON_SCRIPT.finditer(page):
+        try:
+            walk(json.loads(m.group(2)))
+        except ValueError:
+            continue
+    return found
+
+
+# --- the report's content ------------------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e3 else f"{value:,.0f}"
+    return str(value)
+
+
+def _interval(iv: dict[str, Any] | None, digits: int = 3, pct: bool = False) -> str:
+    if not iv:
+        return "–"
+    fmt = (lambda v: "–" if v is None else f"{100 * v:.0f}%") if pct else (lambda v: _num(v, digits))
+    est = fmt(iv.get("estimate"))
+    if iv.get("low") is None or iv.get("high") is None:
+        return est
+    return f"{est} [{fmt(iv['low'])}, {fmt(iv['high'])}]"
+
+
+def _group_name(group: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in group.items()) or "all trials"
+
+
+def _skipped(section: Any) -> str | None:
+    return str(section["skipped"]) if isinstance(section, dict) and "skipped" in section else None
+
+
+def spec_ranking(ds: xr.Dataset) -> dict[str, Any]:
+    """The spec's ranking policy (``objective``, ``require_slos``) recorded in the dataset."""
+    try:
+        out = json.loads(ds.attrs.get("ranking", "") or "{}")
+    except ValueError:
+        out = {}
+    return out if isinstance(out, dict) else {}
+
+
+def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0) -> dict[str, Any]:
+    """The analysis document the report shows (see :func:`analysis.report.analyze`).
+
+    ``policy`` None means the spec's: ``slo_throughput`` of its objective, gated by its SLOs unless
+    the spec says ``require_slos: false`` (then ranked without the gate)."""
+    from analysis.ranking import rank
+    from analysis.report import analyze
+
+    doc = analyze(ds, policy=policy or "slo_throughput", n_boot=n_boot, seed=seed)
+    doc["policy_source"] = "command line" if policy else "spec"
+    if policy is None and spec_ranking(ds).get("require_slos") is False:
+        ranking = jsonable(rank(ds, policy="slo_throughput", slos=[], seed=seed))
+        doc["ranking"] = ranking
+        doc["warnings"] = [w for w in doc["warnings"] if w.get("section") != "ranking"]
+        doc["warnings"] += [{**w, "section": "ranking"} for w in ranking.get("warnings", [])]
+    return doc
+
+
+def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = None,
+                    served_model_name: str | None = None) -> dict[str, str]:
+    """config_id -> the ``vllm serve`` command text for the #1 config of each ranking group."""
+    ranking = doc.get("ranking")
+    if not isinstance(ranking, dict) or "groups" not in ranking:
+        return {}
+    df = trial_table(ds)
+    positions = {cid: i for i, cid in reversed(list(enumerate(df["config_id"].astype(str))))}
+    try:
+        identity = json.loads(ds.attrs.get("model", "") or "{}")
+    except ValueError:
+        identity = {}
+    marg = model_argument(identity if isinstance(identity, dict) else {}, model)
+    out: dict[str, str] = {}
+    for group in ranking["groups"]:
+        rows = group.get("rows") or []
+        if not rows or rows[0]["config_id"] in out or rows[0]["config_id"] not in positions:
+            continue
+        cid = rows[0]["config_id"]
+        params = param_values(df, [positions[cid]])[0]
+        prov = {"experiment": doc.get("experiment"), "spec": str(ds.attrs.get("spec_hash", ""))[:12],
+                "config": cid[:12], "vLLM": ds.attrs.get("vllm_version"), "policy": ranking.get("policy")}
+        out[cid] = serve_command(engine_config_from_params(params), marg, served_model_name, prov).text()
+    return out
+
+
+def provenance(ds: xr.Dataset, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows describing where the data came from."""
+    created = int(ds.attrs.get("created_at_us", 0) or 0)
+    created_s = (datetime.fromtimestamp(created / 1e6, tz=timezone.utc).isoformat(timespec="seconds")
+                 if created else "unknown")
+    design = doc.get("design", {})
+    counts = doc.get("counts", {})
+    return [
+        ("experiment", ", ".join(doc.get("experiments") or [doc.get("experiment", "")])),
+        ("spec hash", str(ds.attrs.get("spec_hash", ""))),
+        ("vLLM version", str(ds.attrs.get("vllm_version", ""))),
+        ("hardware", str(ds.attrs.get("hardware_classes", ""))),
+        ("model", str(ds.attrs.get("model", ""))),
+        ("design", f"{design.get('design') or 'unknown'}, run order "
+                   f"{'randomised' if design.get('randomized') else 'as written'}"),
+        ("created", created_s),
+        ("synthetic", "YES: generated data, nothing was measured" if doc.get("synthetic") else "no: measured"),
+        ("trials", f"{counts.get('trials', 0)} ({counts.get('ok', 0)} ok, {counts.get('failed', 0)} failed, "
+                   f"{counts.get('hole', 0)} holes, {counts.get('baseline', 0)} baseline) over "
+                   f"{counts.get('configs', 0)} configs"),
+        ("report generated", datetime.now(tz=timezone.utc).isoformat(timespec="seconds")),
+    ]
+
+
+CSS = """
+<style>
+.st { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; font-size: 14px; color: #222; }
+.st table { border-collapse: collapse; margin: 4px 0 12px 0; }
+.st th, .st td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+.st th { background: #f3f3f3; }
+.st pre { background: #f6f8fa; border: 1px solid #ddd; padding: 8px; white-space: pre-wrap; word-break: break-all; }
+.st .synthetic { background: #b00020; color: white; padding: 8px; font-weight: bold; }
+.st .claim { background: #eef4ff; border-left: 4px solid #3366cc; padding: 6px 10px; }
+.st .winner { font-size: 16px; }
+.st .bar { position: relative; width: 160px; height: 12px; background: #eee; }
+.st .bar .ci { position: absolute; top: 3px; height: 6px; background: #f4a3a3; }
+.st .bar .est { position: absolute; top: 0; width: 2px; height: 12px; background: #b00020; }
+.st .warn li { margin-bottom: 3px; }
+</style>
+"""
+
+
+def _html(body: str) -> Any:
+    import panel as pn
+
+    return pn.pane.HTML(CSS + f'<div class="st">{body}</div>', sizing_mode="stretch_width")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _header_html(ds: xr.Dataset, doc: dict[str, Any]) -> str:
+    parts = [f"<h1>servetune report: {_e(doc.get('experiment', ''))}</h1>"]
+    if doc.get("synthetic"):
+        parts.append('<div class="synthetic">SYNTHETIC DATA: this experiment was generated with planted '
+                     "effects; nothing in it was measured.</div>")
+    claim = doc.get("design", {}).get("claim", {})
+    kind = claim.get("kind", "association")
+    parts.append(f'<p class="claim">Differences between configurations are worded as <b>{_e(kind)}s</b>: '
+                 f"{_e(claim.get('why', ''))}.</p>")
+    parts.append("<h2>Provenance</h2>" + _table(["", ""], [[_e(k), _e(v)] for k, v in provenance(ds, doc)]))
+    return "".join(parts)
+
+
+def _pareto_plot(group: dict[str, Any], metrics: list[str], senses: list[int],
+                 winner: str | None) -> tuple[Any, str]:
+    """The front of one group as a HoloViews overlay, and a note on what was left out of the drawing."""
+    import holoviews as hv  # type: ignore[import-untyped]
+    import numpy as np
+
+    y_name, x_name = metrics[0], metrics[1]
+    points = group.get("points") or []
+    front = [p for p in points if p.get("on_front")]
+    rest = [p for p in points if not p.get("on_front")]
+    note = ""
+    if len(rest) > MAX_PLOT_POINTS:
+        keep = np.random.default_rng(0).choice(len(rest), MAX_PLOT_POINTS, replace=False)
+        note = (f"{MAX_PLOT_POINTS} of the {len(rest)} dominated configs are drawn (a random sample); "
+                "every config on the front is.")
+        rest = [rest[i] for i in sorted(keep)]
+
+    def rows(pts: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(p["values"][x_name], p["values"][y_name], p.get("label") or p["config_id"][:12],
+                 p.get("p_front") if p.get("p_front") is not None else float("nan")) for p in pts]
+
+    kdims = [x_name]
+    vdims = [y_name, "config", "p_front"]
+    tools = ["hover"]
+    others = hv.Scatter(rows(rest), kdims=kdims, vdims=vdims, label="dominated").opts(
+        color="#9aa5b1", size=6, alpha=0.6, tools=tools)
+    on_front = sorted(rows(front), key=lambda r: r[0])
+    front_pts = hv.Scatter(on_front, kdims=kdims, vdims=vdims, label="on the front").opts(
+        color="#d62728", size=9, tools=tools)
+    line = hv.Curve([(r[0], r[1]) for r in on_front], kdims=kdims, vdims=[y_name]).opts(
+        color="#d62728", line_dash="dashed", interpolation="steps-post" if (senses[0], senses[1]) == (1, -1) else "linear")
+    layers = [others, line, front_pts]
+    win = [p for p in points if p["config_id"] == winner]
+    if win:
+        layers.append(hv.Scatter(rows(win), kdims=kdims, vdims=vdims, label="ranking #1").opts(
+            color="#ffbf00", marker="star", size=18, line_color="black", tools=tools))
+    title = f"{_group_name(group.get('group', {}))}: {len(front)} of {len(points)} configs on the front"
+    return hv.Overlay(layers).opts(title=title, width=880, height=420, legend_position="right", shared_axes=False, padding=0.08,
+                                   xlabel=f"{x_name} ({'lower' if senses[1] < 0 else 'higher'} is better)",
+                                   ylabel=f"{y_name} ({'higher' if senses[0] > 0 else 'lower'} is better)"), note
+
+
+def _ranking_html(doc: dict[str, Any], commands: dict[str, str]) -> str:
+    ranking = doc.get("ranking", {})
+    skipped = _skipped(ranking)
+    if skipped:
+        return f"<h2>Ranking</h2><p>Skipped: {_e(skipped)}</p>"
+    slos = ", ".join(f"{s['metric']} p{_num(s['percentile'])} ≤ {_num(s['max_ms'])} ms" for s in ranking.get("slos", []))
+    parts = [f"<h2>Ranking: {_e(ranking.get('policy'))} (from the {_e(doc.get('policy_source', 'spec'))})</h2>",
+             f"<p>{_e(ranking.get('description', ''))}; objective {_e(ranking.get('objective'))}; "
+             f"SLOs: {_e(slos or 'none')}. Scores are medians over repeats, intervals from "
+             f"{_e(ranking.get('n_boot'))} bootstrap resamples.</p>"]
+    for group in ranking.get("groups", []):
+        rows = group.get("rows") or []
+        parts.append(f"<h3>{_e(_group_name(group.get('group', {})))}</h3>")
+        if not rows:
+            parts.append("<p>No config to rank.</p>")
+            continue
+        first = rows[0]
+        parts.append(f'<p class="winner">Winner: <b>{_e(first.get("label") or first["config_id"])}</b> '
+                     f'(config {_e(first["config_id"][:12])}), {_e(ranking.get("score_name"))} '
+                     f'{_e(_interval(first.get("score")))}{_e(_trial_note(first))}</p>')
+        if len(rows) > 1:
+            parts.append(f'<p>Runner-up: <b>{_e(rows[1].get("label") or rows[1]["config_id"])}</b> '
+                         f'(config {_e(rows[1]["config_id"][:12])}), {_e(_interval(rows[1].get("score")))}'
+                         f'{_e(_trial_note(rows[1]))}</p>')
+        parts.append(f"<p>{'Distinguishable' if group.get('distinguishable') else 'Not distinguishable'}: "
+                     f"{_e(group.get('sentence', ''))}</p>")
+        if first["config_id"] in commands:
+            parts.append(f"<p>Serve the winner with:</p><pre>{_e(commands[first['config_id']])}</pre>")
+        table_rows = [[_e(r["rank"]), _e(r.get("label") or r["config_id"][:12]), _e(_interval(r.get("score"))),
+                       _e(_num(r.get("p_best"))), _e({True: "yes", False: "no", None: "–"}[r.get("slos_met")]),
+                       _e(f"{r['n_ok']}/{r['n_failed']}/{r['n_holes']}")] for r in rows[:TOP_ROWS]]
+        parts.append(_table(["#", "config", "score [95% CI]", "P(best)", "meets SLOs", "ok/failed/holes"],
+                            table_rows))
+        if len(rows) > TOP_ROWS:
+            parts.append(f"<p>… and {len(rows) - TOP_ROWS} more configs.</p>")
+    return "".join(parts)
+
+
+def _trial_note(row: dict[str, Any]) -> str:
+    """Failed trials and holes of a ranked config, said next to its score (none: nothing)."""
+    if not row.get("n_failed") and not row.get("n_holes"):
+        return ""
+    return (f"; beware: {row.get('n_failed', 0)} failed trial(s) and {row.get('n_holes', 0)} hole(s) "
+            f"beside {row.get('n_ok', 0)} ok")
+
+
+def _importance_html(doc: dict[str, Any]) -> str:
+    imp = doc.get("importance", {})
+    skipped = _skipped(imp)
+    if skipped:
+        return f"<h2>Parameter importance</h2><p>Skipped: {_e(skipped)}</p>"
+    claim = imp.get("claim", {})
+    rows = [[_e(p["name"]), _e(_interval(p.get("permutation"))), _e(_interval(p.get("vs_probe"))),
+             _e(_interval(p.get("shap"))), f"<b>{_e(p.get('verdict'))}</b>"] for p in imp.get("parameters", [])]
+    return (f"<h2>Parameter importance</h2><p>Response {_e(imp.get('target') or imp.get('metric'))} at load point "
+            f"{_e(imp.get('load_point'))}, {_e(imp.get('n_trials'))} trials, {_e(imp.get('n_boot'))} bootstrap "
+            f"refits; surrogate out-of-bag R² {_e(_num(imp.get('oob_r2')))}, held-out R² "
+            f"{_e(_interval(imp.get('heldout_r2')))}. Read as {_e(claim.get('kind', 'association'))}s: "
+            f"{_e(claim.get('why', ''))}.</p>"
+            + _table(["parameter", "permutation importance [95% CI]", "above the random probe by",
+                      "mean |SHAP| [95% CI]", "verdict"], rows))
+
+
+def _bar(iv: dict[str, Any] | None) -> str:
+    if not iv or iv.get("estimate") is None:
+        return ""
+    est = 100 * float(iv["estimate"])
+    lo = 100 * float(iv["low"]) if iv.get("low") is not None else est
+    hi = 100 * float(iv["high"]) if iv.get("high") is not None else est
+    return (f'<div class="bar" title="{_e(_interval(iv, pct=True))}"><div class="ci" style="left:{lo:.1f}%;'
+            f'width:{max(hi - lo, 0.5):.1f}%"></div><div class="est" style="left:{est:.1f}%"></div></div>')
+
+
+def _failure_html(doc: dict[str, Any]) -> str:
+    fail = doc.get("failure", {})
+    skipped = _skipped(fail)
+    if skipped:
+        return f"<h2>Failure map</h2><p>Skipped: {_e(skipped)}</p>"
+    kinds = [[_e(k["kind"]), _e(f"{k['failures']} of {k['of']}"), _e(_interval(k.get("rate"), pct=True)),
+              "modelled" if k.get("modelled") else "counted, not blamed on configs"] for k in fail.get("by_kind", [])]
+    parts = [f"<h2>Failure map</h2><p>Wilson {_e(_num(100 * float(fail.get('level', 0.95))))}% intervals per region; "
+             "transport failures (a lost daemon) are never blamed on a config.</p>",
+             _table(["kind", "failures", "rate [CI]", ""], kinds)]
+    for group in fail.get("groups", []):
+        parts.append(f"<h3>{_e(group.get('hardware_class'))}, load point {_e(group.get('load_point'))}: "
+                     f"{_e(group.get('failures'))} of {_e(group.get('n'))} failed "
+                     f"({_e(_interval(group.get('rate'), pct=True))}); model: {_e(group.get('model'))}</h3>")
+        regions = sorted(group.get("regions", []), key=lambda r: -(r.get("rate") or {}).get("estimate", 0.0))
+        rows = [[_e(", ".join(f"{p}={v}" for p, v in zip(r["params"], r["levels"], strict=False))),
+                 _e(f"{r['failures']} of {r['n']}"), _e(_interval(r.get("rate"), pct=True)), _bar(r.get("rate")),
+                 _e(_interval(r.get("predicted"), pct=True)) if r.get("predicted") else "–"] for r in regions[:30]]
+        parts.append(_table(["region", "failures", "rate [Wilson CI]", "0% — 100%", "logistic model"], rows))
+        if len(regions) > 30:
+            parts.append(f"<p>… and {len(regions) - 30} more regions.</p>")
+    return "".join(parts)
+
+
+def _warnings_html(doc: dict[str, Any]) -> str:
+    warnings = doc.get("warnings", [])
+    sub = doc.get("subsampled", [])
+    items = "".join(f"<li><b>{_e(w.get('section'))}</b> [{_e(w.get('code'))}] {_e(w.get('message'))}"
+                    f"{' (' + _e(w['subject']) + ')' if w.get('subject') else ''}</li>" for w in warnings)
+    subs = "".join(f"<li>{_e(json.dumps(s))}</li>" for s in sub)
+    return (f"<h2>Warnings ({len(warnings)})</h2><ul class=\"warn\">{items or '<li>none</li>'}</ul>"
+            + (f"<h3>Subsampled to stay fast</h3><ul>{subs}</ul>" if subs else ""))
+
+
+def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
+    """The report as a Panel layout (HTML panes and HoloViews/Bokeh plots)."""
+    import holoviews as hv  # type: ignore[import-untyped]
+    import panel as pn
+
+    hv.extension("bokeh", logo=False)
+    items: list[Any] = [_html(_header_html(ds, doc))]
+    pareto = doc.get("pareto", {})
+    winners = {json.dumps(g.get("group"), sort_keys=True): (g.get("rows") or [{}])[0].get("config_id")
+               for g in (doc.get("ranking") or {}).get("groups", [])}
+    if _skipped(pareto) or not pareto.get("groups"):
+        items.append(_html(f"<h2>Pareto front</h2><p>Skipped: {_e(_skipped(pareto) or 'no ok trial')}</p>"))
+    else:
+        items.append(_html(f"<h2>Pareto front: {_e(pareto['metrics'][0])} against {_e(pareto['metrics'][1])}</h2>"
+                           f"<p>One point per config (median of its repeats); P(on front) over "
+                           f"{_e(pareto.get('n_boot'))} bootstrap resamples in the hover.</p>"))
+        for group in pareto["groups"]:
+            if group.get("points"):
+                winner = winners.get(json.dumps(group.get("group"), sort_keys=True))
+                plot, note = _pareto_plot(group, pareto["metrics"], pareto["senses"], winner)
+                items.append(pn.pane.HoloViews(plot, backend="bokeh"))
+                if note:
+                    items.append(_html(f"<p>{_e(note)}</p>"))
+    items += [_html(_ranking_html(doc, commands)), _html(_importance_html(doc)), _html(_failure_html(doc)),
+              _html(_warnings_html(doc))]
+    return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
+
+
+def render(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0, model: str | None = None,
+           served_model_name: str | None = None) -> str:
+    """The report of ``ds`` as one offline HTML page (a string)."""
+    from bokeh.resources import INLINE
+
+    doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed)
+    commands = winner_commands(ds, doc, model, served_model_name)
+    layout = build(ds, doc, commands)
+    buf = io.StringIO()
+    layout.save(buf, title=f"servetune report: {doc.get('experiment', '')}", resources=INLINE)
+    return make_offline(buf.getvalue())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- command line ----------------------------------------------------------------------------------------
+
+
+def build_parser(prog: str = "python -m dashboards report") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Write the static, offline HTML report of an experiment.")
+    p.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
+                   help="name, folder, spec file or results.nc path; several combine")
+    p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    p.add_argument("--results-root", type=Path, default=None, help="default: $SERVETUNE_RESULTS_ROOT or ./runs")
+    p.add_argument("--policy", default=None, help="ranking policy (default: the spec's, slo_throughput)")
+    p.add_argument("--n-boot", type=int, default=100, help="bootstrap fits for importance (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model path or hub id for the vllm serve command")
+    p.add_argument("--served-model-name", default=None, help="--served-model-name in the vllm serve command")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m dashboards report") -> int:
+    """Exit codes: 0 written; 2 bad input (unknown experiment or policy: named; nothing written); 1 the
+    page could not be made offline (nothing written)."""
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.n_boot < 0:
+        print(f"error: --n-boot must be >= 0, got {args.n_boot}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        ds = load_many(args.experiments, args.results_root)
+        page = render(ds, policy=args.policy, n_boot=args.n_boot, seed=args.seed, model=args.model,
+                      served_model_name=args.served_model_name)
+    except OfflineError as exc:  # a bug or a changed panel, not the user's input
+        print(f"error: cannot make the report offline: {exc}", file=sys.stderr)
+        return 1
+    except (AnalysisInputError, ServetuneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_atomic(args.out, page)
+    sys.stderr.write(f"report written to {args.out} ({len(page) / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
