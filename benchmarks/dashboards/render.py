@@ -1,0 +1,179 @@
+"""Time to render the experiments page and the Pareto explorer on a 100,000-trial dataset, in the
+real browser (Debian's chromium via playwright) against ``panel serve dashboards/``.
+
+The dataset is SYNTHETIC: ``analysis.synthetic.planted(n_configs=100000, n_params=12)`` (100,000
+trials, about 93,000 distinct configs, so the Pareto explorer rasterises them with datashader),
+written as a bare ``results.nc`` under a temporary results root. A render is timed from the
+navigation start to the page's content being in the DOM with its plot canvas drawn:
+
+- ``experiments``: the row of the experiment shows its 100,000 trials;
+- ``pareto``: the front summary is shown and the plot's canvas is visible.
+
+Two servers: on the first, the Pareto explorer is opened first (cold: nothing is loaded; the
+figure includes reading the dataset, flattening it and computing the front), then each page is
+opened ``--repeats`` more times (warm: the server keeps datasets, tables and fronts per dataset
+version). On a fresh second server the experiments page is opened first (cold). A metric switch on
+the Pareto explorer (y = ``tpot_ms_p99``, never computed before) is timed too.
+
+    .venv/bin/python -m benchmarks.dashboards            # from the repository root
+    .venv/bin/python -m benchmarks.dashboards --dataset /path/results.nc --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+NAME = "planted-100k"
+TIMEOUT_MS = 180_000
+
+
+def make_dataset(path: Path, n_configs: int, seed: int) -> None:
+    """Write the SYNTHETIC planted dataset (``n_configs`` trials) to ``path``."""
+    from analysis.synthetic import planted
+
+    t0 = time.perf_counter()
+    ds, _ = planted(n_configs=n_configs, n_params=12, seed=seed)
+    ds.attrs["experiment"] = NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.to_netcdf(path, engine="h5netcdf")
+    log.info("wrote %s (%d trials) in %.1f s", path, ds.sizes["trial"], time.perf_counter() - t0)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(root: Path, log_path: Path) -> Iterator[str]:
+    """``panel serve dashboards/`` on a free port with ``root`` as results root; yields its URL."""
+    port = _port()
+    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root))
+    panel = str(Path(sys.executable).with_name("panel"))
+    with open(log_path, "ab") as fh:
+        proc = subprocess.Popen([panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
+                                 f"--allow-websocket-origin=127.0.0.1:{port}"], cwd=REPO, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/dashboards"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"panel serve exited with {proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(url + "?page=drift&experiment=none", timeout=60) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("panel serve did not answer within 90 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def timed(browser: Any, url: str, ready: list[str], errors: list[str]) -> float:
+    """Seconds from navigation start until every selector in ``ready`` is visible."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        t0 = time.perf_counter()
+        page.goto(url, timeout=TIMEOUT_MS, wait_until="commit")
+        for sel in ready:
+            page.locator(sel).first.wait_for(state="visible", timeout=TIMEOUT_MS)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
+def metric_switch(browser: Any, url: str) -> float:
+    """Seconds from choosing y = tpot_ms_p99 until the new front is shown."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(url, timeout=TIMEOUT_MS)
+        page.locator(".st-pareto-summary").first.wait_for(timeout=TIMEOUT_MS)
+        t0 = time.perf_counter()
+        page.locator(".st-y select").first.select_option("tpot_ms_p99")
+        page.locator(".st-pareto-summary", has_text="tpot_ms_p99").first.wait_for(timeout=TIMEOUT_MS)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", type=Path, help="an existing results.nc to use (else one is generated)")
+    ap.add_argument("--n-configs", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", type=Path, help="also copy the generated results.nc here for later runs")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from playwright.sync_api import sync_playwright
+
+    work = Path(tempfile.mkdtemp(prefix="dash-bench-"))
+    root = work / "runs"
+    target = root / NAME / "results.nc"
+    if args.dataset:
+        target.parent.mkdir(parents=True)
+        shutil.copy(args.dataset, target)
+    else:
+        make_dataset(target, args.n_configs, args.seed)
+        if args.keep:
+            shutil.copy(target, args.keep)
+    exp_url = f"?page=experiments&experiment={NAME}"
+    par_url = f"?page=pareto&experiment={NAME}"
+    exp_ready = [f"tr[data-exp='{NAME}'] .st-trials"]
+    par_ready = [".st-pareto-summary", "canvas"]
+    errors: list[str] = []
+    out: dict[str, Any] = {"trials": args.n_configs, "repeats": args.repeats}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            with serve(root, work / "server-1.log") as url:
+                out["pareto_cold_s"] = timed(browser, url + par_url, par_ready, errors)
+                out["pareto_warm_s"] = [timed(browser, url + par_url, par_ready, errors) for _ in range(args.repeats)]
+                out["experiments_warm_s"] = [timed(browser, url + exp_url, exp_ready, errors)
+                                             for _ in range(args.repeats)]
+                out["pareto_metric_switch_s"] = metric_switch(browser, url + par_url)
+            with serve(root, work / "server-2.log") as url:
+                out["experiments_cold_s"] = timed(browser, url + exp_url, exp_ready, errors)
+            browser.close()
+    finally:
+        out["console_errors"] = errors
+        shutil.rmtree(work, ignore_errors=True)
+    for k in ("pareto_warm_s", "experiments_warm_s"):
+        out[k.replace("_s", "_median_s")] = statistics.median(out[k])
+    print(json.dumps(out, indent=2))
+    print(f"\nexperiments page, 100k trials: cold {out['experiments_cold_s']:.2f} s, warm median "
+          f"{out['experiments_warm_median_s']:.2f} s")
+    print(f"Pareto explorer, 100k trials:  cold {out['pareto_cold_s']:.2f} s, warm median "
+          f"{out['pareto_warm_median_s']:.2f} s, metric switch {out['pareto_metric_switch_s']:.2f} s")
+    return 0

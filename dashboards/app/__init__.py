@@ -1,0 +1,206 @@
+"""The servetune dashboard (``panel serve dashboards/``): one navigation, seven pages.
+
+:func:`build` returns the page a browser session gets: a Bootstrap template whose sidebar holds the
+experiment picker and the page navigation, both mirrored in the URL query (``?page=pareto&
+experiment=e2e``; pages read further arguments such as ``trial``, ``policy``, ``a`` and ``b``), so
+any page can be opened directly by its link. Each page is a small module of this package that
+builds its view from a :class:`Context`; the data and every computation come from
+:mod:`dashboards.app.state` (which reads the results root read-only) and :mod:`analysis`.
+A periodic callback (every ``REFRESH_MS``) refreshes the experiment list and lets the current page
+pick up new results: a dataset's version is its ``results.nc`` modification time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import holoviews as hv
+import panel as pn
+
+from dashboards.app import state
+
+log = logging.getLogger(__name__)
+
+REFRESH_MS = 1000
+
+#: page key -> navigation label, in navigation order
+PAGES: dict[str, str] = {
+    "experiments": "Experiments & live status",
+    "pareto": "Pareto explorer",
+    "parameters": "Parameters",
+    "compare": "Compare",
+    "inspector": "Trial inspector",
+    "ranking": "Ranking",
+    "drift": "Drift",
+}
+
+_STYLE = """
+.st-note {color: #555; font-size: 0.9em;}
+.st-warn {background: #fff4e5; border-left: 4px solid #f0a020; padding: 4px 8px; margin: 2px 0;}
+.st-claim {display: inline-block; padding: 2px 8px; border-radius: 10px; font-size: 0.85em; margin: 2px 0;}
+.st-claim-effect {background: #e3f5e1; color: #1d6b16;}
+.st-claim-association {background: #eef; color: #334;}
+.st-error {background: #fdecea; border-left: 4px solid #d33; padding: 4px 8px;}
+table.st-table {border-collapse: collapse; font-size: 0.9em;}
+table.st-table td, table.st-table th {border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left;}
+pre.st-log {max-height: 420px; overflow: auto; background: #1e1e1e; color: #ddd; padding: 8px; font-size: 0.8em;}
+pre.st-cmd {background: #f4f4f4; padding: 8px; white-space: pre-wrap;}
+"""
+
+
+class Page(Protocol):
+    """What a page module's ``view`` returns: a Panel object plus an optional ``refresh()``."""
+
+    def __panel__(self) -> Any: ...
+
+
+@dataclass
+class Context:
+    """What a page is built from: the chosen experiment (its folder under the results root, None when
+    there is none), the URL query arguments, and ``navigate`` to switch page with new arguments."""
+
+    experiment: str | None
+    folder: Path | None
+    args: dict[str, str]
+    navigate: Callable[..., None]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def arg(self, name: str, default: str = "") -> str:
+        return self.args.get(name, default)
+
+
+def _query_args() -> dict[str, str]:
+    args: dict[str, str] = {}
+    for k, v in (pn.state.session_args or {}).items():
+        if v:
+            raw = v[-1]
+            args[str(k)] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return args
+
+
+class App:
+    """One browser session's dashboard."""
+
+    def __init__(self) -> None:
+        self.args = _query_args()
+        names = [e.name for e in state.list_experiments()]
+        self.experiment = pn.widgets.Select(name="Experiment", options=names, css_classes=["st-experiment"],
+                                            value=self.args.get("experiment") if self.args.get("experiment") in names
+                                            else (names[0] if names else None))
+        start_page = self.args.get("page", "experiments")
+        self.nav = pn.widgets.RadioButtonGroup(
+            options={label: key for key, label in PAGES.items()}, orientation="vertical", button_type="light",
+            value=start_page if start_page in PAGES else "experiments", css_classes=["st-nav"], sizing_mode="stretch_width")
+        self.root_note = pn.pane.HTML(f"<div class='st-note'>results root: <code>{state.root().resolve()}</code></div>")
+        self.main = pn.Column(sizing_mode="stretch_width")
+        self.current: Any = None
+        self.nav.param.watch(lambda e: self._show(), "value")
+        self.experiment.param.watch(lambda e: self._show(), "value")
+        if pn.state.location is not None:
+            pn.state.location.sync(self.nav, {"value": "page"})
+            pn.state.location.sync(self.experiment, {"value": "experiment"})
+        self._show()
+        self._names = names
+        self._callback = pn.state.add_periodic_callback(self._tick, period=REFRESH_MS) if pn.state.curdoc else None
+
+    def navigate(self, page: str, **args: str) -> None:
+        """Switch to ``page`` with query ``args`` (e.g. ``navigate("inspector", trial=tid)``)."""
+        self.args.update(args)
+        if pn.state.location is not None and args:
+            pn.state.location.update_query(**args)  # type: ignore[arg-type]
+        if self.nav.value == page:
+            self._show()
+        else:
+            self.nav.value = page
+
+    def _context(self) -> Context:
+        name = self.experiment.value
+        folder = state.find(name) if name else None
+        return Context(name, folder, dict(self.args), self.navigate)
+
+    def _show(self) -> None:
+        from dashboards.app import compare, drift, experiments, inspector, parameters, pareto, ranking
+
+        modules = {"experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
+                   "inspector": inspector, "ranking": ranking, "drift": drift}
+        ctx = self._context()
+        page = self.nav.value
+        try:
+            if page != "experiments" and ctx.folder is None:
+                self.current = pn.pane.HTML(f"<div class='st-note st-empty'>No experiment under {state.root()}: "
+                                            "run a sweep, then pick it here.</div>")
+            else:
+                self.current = modules[page].view(ctx)
+        except Exception as exc:  # show what went wrong in the page rather than a blank page
+            log.exception("page %s of %s failed", page, ctx.experiment)
+            self.current = pn.pane.HTML(f"<div class='st-error'>{page} could not be shown: "
+                                        f"{type(exc).__name__}: {exc}</div>")
+        self.main.objects = [pn.pane.HTML(f"<h2 class='st-title'>{PAGES[page]}"
+                                          f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>"),
+                             self.current]
+
+    def _tick(self) -> None:
+        names = [e.name for e in state.list_experiments()]
+        if names != self._names:
+            self._names = names
+            self.experiment.options = names
+            if self.experiment.value is None and names:
+                self.experiment.value = names[0]
+        refresh = getattr(self.current, "refresh", None)
+        if callable(refresh):
+            try:
+                refresh()
+            except Exception:
+                log.exception("refresh of %s failed", self.nav.value)
+
+    def template(self) -> pn.template.BootstrapTemplate:
+        tmpl = pn.template.BootstrapTemplate(title="servetune", sidebar_width=280,
+                                             sidebar=[self.experiment, self.nav, self.root_note], main=[self.main])
+        return tmpl
+
+
+def build() -> pn.template.BootstrapTemplate:
+    """The dashboard of one browser session (called by ``dashboards/main.py``)."""
+    hv.extension("bokeh", logo=False)
+    pn.extension("tabulator", raw_css=[_STYLE], notifications=False)
+    return App().template()
+
+
+def on_result(fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:
+    """Call ``fn(fut)`` in the session once the background ``fut`` is done: at once when it already
+    is (a cached result), else on the document's next tick (Bokeh's thread-safe way to update a
+    session from another thread)."""
+    doc = pn.state.curdoc
+    if fut.done() or doc is None or doc.session_context is None:
+        fn(fut)
+        return
+    fut.add_done_callback(lambda f: doc.add_next_tick_callback(lambda: fn(f)))
+
+
+def claim_html(claim: Any) -> str:
+    """The causal/associational label of an analysis result, with its reason."""
+    kind = getattr(claim, "kind", "association")
+    why = getattr(claim, "why", "")
+    word = "causal effect" if kind == "effect" else "association"
+    return f"<span class='st-claim st-claim-{kind}' title='{_esc(why)}'>{word}</span> <span class='st-note'>{_esc(why)}</span>"
+
+
+def warnings_html(warnings: Any) -> str:
+    """An analysis result's caveats, one box each (code and message)."""
+    items = list(warnings or [])
+    return "".join(f"<div class='st-warn'><b>{_esc(getattr(w, 'code', ''))}</b>: {_esc(getattr(w, 'message', w))}"
+                   f"{' (' + _esc(w.subject) + ')' if getattr(w, 'subject', '') else ''}</div>" for w in items)
+
+
+def _esc(text: Any) -> str:
+    import html
+
+    return html.escape(str(text), quote=True)
+
+
+esc = _esc

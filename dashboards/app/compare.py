@@ -1,0 +1,111 @@
+"""Compare two engine configs: their per-repeat values, the ratio of medians with its interval,
+and the verdict (``ds.sweep.compare``: bootstrap CI, rank test where the repeats allow, a minimum
+practical effect), worded as an effect or an association as the design allows.
+
+Configs come from the pickers or the URL (``?page=compare&a=<id>&b=<id>``); the scenario and
+hardware class are those both configs ran on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import holoviews as hv
+import pandas as pd
+import panel as pn
+
+from analysis.frame import AnalysisInputError
+from dashboards.app import Context, claim_html, esc, state, warnings_html
+from dashboards.app.pareto import metric_options
+
+log = logging.getLogger(__name__)
+
+
+class ComparePage(pn.viewable.Viewer):
+    """Two config pickers, metric, scenario, minimum effect; the comparison below."""
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(**params)
+        assert ctx.folder is not None
+        self.ctx, self.folder = ctx, ctx.folder
+        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
+        runs = self.df[~self.df["is_baseline"].astype(bool)] if "is_baseline" in self.df else self.df
+        labels = runs.drop_duplicates("config_id").sort_values("config_label")
+        options = {f"{r.config_label} ({str(r.config_id)[:8]})": str(r.config_id) for r in labels.itertuples()}
+        ids = list(options.values())
+
+        # default pair: the two configs with the most ok repeats (then the best median throughput)
+        ok = runs[runs["status"] == "ok"]
+        if len(ok) and "output_throughput" in ok:
+            stats = ok.groupby("config_id")["output_throughput"].agg(["count", "median"])
+            ranked = [str(i) for i in stats.sort_values(["count", "median"], ascending=False).index]
+        else:
+            ranked = ids
+        ranked += [i for i in ids if i not in ranked]
+
+        def pick(arg: str, default: int) -> str | None:
+            want = ctx.arg(arg)
+            hit = [i for i in ids if want and i.startswith(want)]
+            return hit[0] if hit else (ranked[min(default, len(ranked) - 1)] if ranked else None)
+
+        self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"])
+        self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"])
+        metrics = metric_options(self.df)
+        self.metric = pn.widgets.Select(name="metric", options=metrics,
+                                        value="output_throughput" if "output_throughput" in metrics else metrics[0])
+        lps = sorted({str(v) for v in runs["load_point"]})
+        self.lp = pn.widgets.Select(name="scenario", options=lps, value=lps[0] if lps else None)
+        self.min_effect = pn.widgets.FloatSlider(name="minimum effect that matters", start=0.0, end=0.5, step=0.01,
+                                                 value=0.05)
+        self.body = pn.Column(sizing_mode="stretch_width")
+        for w in (self.a, self.b, self.metric, self.lp, self.min_effect):
+            w.param.watch(lambda e: self.update(), "value")
+        self.update()
+
+    def update(self) -> None:
+        a, b, metric, lp = self.a.value, self.b.value, self.metric.value, self.lp.value
+        if not (a and b):
+            self.body.objects = [pn.pane.HTML("<div class='st-note'>needs two configs</div>")]
+            return
+        if pn.state.location is not None:
+            pn.state.location.update_query(a=a[:16], b=b[:16])
+        try:
+            c = self.ds.sweep.compare(a, b, metric=metric, load_point=lp, min_effect=self.min_effect.value,
+                                      table=self.df)
+        except AnalysisInputError as exc:
+            self.body.objects = [pn.pane.HTML(f"<div class='st-warn st-verdict' data-verdict='none'>{esc(exc)}</div>")]
+            return
+        sub = self.df[(self.df["load_point"].astype(str) == c.load_point) & (self.df["status"] == "ok")
+                      & self.df["config_id"].isin([c.config_a, c.config_b])]
+        if c.hardware_class and "hardware_class" in sub:
+            sub = sub[sub["hardware_class"].astype(str) == c.hardware_class]
+        pts = pd.DataFrame({"config": sub["config_id"].map({c.config_a: "a", c.config_b: "b"}),
+                            metric: sub[metric].astype(float)}).dropna()
+        dist = (hv.BoxWhisker(pts, "config", metric) * hv.Scatter(pts, "config", metric).opts(
+            size=9, color="black", jitter=0.2)).opts(hv.opts.Overlay(width=380, height=320,
+                                                                      title=f"{metric}: per-repeat values"))
+        ratio = c.ratio
+        ratio_plot = (hv.ErrorBars([(0, ratio.estimate, ratio.estimate - ratio.low, ratio.high - ratio.estimate)],
+                                   vdims=["ratio", "neg", "pos"]) if math.isfinite(ratio.low) else hv.ErrorBars([]))
+        ratio_plot = (ratio_plot * hv.Scatter([(0, ratio.estimate)], vdims="ratio").opts(size=10)
+                      * hv.HLine(1.0).opts(color="grey", line_dash="dashed")
+                      * hv.HSpan(1 - c.min_effect, 1 + c.min_effect).opts(color="lightgrey", alpha=0.3)).opts(
+            hv.opts.Overlay(width=260, height=320, title="ratio b / a (95% CI)", xaxis=None))
+        ci = f"[{ratio.low:.3g}, {ratio.high:.3g}]" if math.isfinite(ratio.low) else "(no interval)"
+        text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}'><b>verdict: {esc(c.verdict)}</b></div>"
+                f"<div>a = {esc(c.label_a)} (median {c.median_a:.4g}, {c.n_a} repeats); b = {esc(c.label_b)} "
+                f"(median {c.median_b:.4g}, {c.n_b} repeats)</div>"
+                f"<div>ratio of medians b / a: <b>{ratio.estimate:.4g}</b> {ci}; {esc(c.rank_test)}</div>"
+                f"<div>{claim_html(c.claim)}</div><p>{esc(c.sentence)}</p>{warnings_html(c.warnings)}")
+        self.body.objects = [pn.pane.HTML(text, sizing_mode="stretch_width"),
+                             pn.Row(pn.pane.HoloViews(dist), pn.pane.HoloViews(ratio_plot))]
+
+    def __panel__(self) -> Any:
+        return pn.Column(pn.Row(self.a, self.b, self.metric), pn.Row(self.lp, self.min_effect), self.body,
+                         sizing_mode="stretch_width")
+
+
+def view(ctx: Context) -> ComparePage:
+    return ComparePage(ctx)

@@ -1,0 +1,112 @@
+"""Experiments and live status: every experiment under the results root, and the chosen one's sweep.
+
+The list shows each experiment's trials by status (from its ``results.nc``; ``running`` from its
+store), when it was created, its design, and whether a sweep is running. For the chosen experiment
+with a store: the current spec's trials by state, progress and ETA, and the daemons that worked on
+it (hardware class, fingerprint, state, last phase). Both refresh when the files change
+(:meth:`ExperimentsPage.refresh`, called every second by the app; only changed files are re-read).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import panel as pn
+
+from dashboards.app import Context, esc, state
+
+log = logging.getLogger(__name__)
+
+
+def _when(us: int) -> str:
+    if not us:
+        return "-"
+    return dt.datetime.fromtimestamp(us / 1e6).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    s = max(0.0, s)
+    return f"{int(s // 3600)} h {int(s % 3600 // 60)} min" if s >= 3600 else f"{int(s // 60)} min {int(s % 60)} s"
+
+
+def experiments_html(infos: list[state.ExperimentInfo], chosen: str | None) -> str:
+    """The experiments table (one ``tr[data-exp=NAME]`` per experiment; counts in ``td.st-<status>``)."""
+    if not infos:
+        return f"<div class='st-note st-empty'>No experiment under {esc(state.root())} yet.</div>"
+    rows = []
+    for e in infos:
+        c = e.counts
+        total = sum(v for k, v in c.items() if k != "running")
+        kind = "store + results.nc" if e.has_store and e.has_dataset else ("store" if e.has_store else "results.nc only")
+        tags = (" <b>(running)</b>" if e.running else "") + (" <i>synthetic</i>" if e.synthetic else "")
+        mark = " style='background:#eef5ff'" if e.name == chosen else ""
+        rows.append(
+            f"<tr data-exp='{esc(e.name)}'{mark}><td><a href='?page=experiments&experiment={esc(e.name)}' "
+            f"target='_self'>{esc(e.name)}</a>{tags}</td><td class='st-trials'>{total}</td>"
+            f"<td class='st-ok'>{c.get('ok', 0)}</td><td class='st-failed'>{c.get('failed', 0)}</td>"
+            f"<td class='st-hole'>{c.get('hole', 0)}</td><td class='st-running'>{c.get('running', 0)}</td>"
+            f"<td>{_when(e.created_us)}</td><td>{esc(e.design or '-')}</td><td>{kind}</td></tr>")
+    head = ("<tr><th>experiment</th><th>trials</th><th>ok</th><th>failed</th><th>holes</th><th>running</th>"
+            "<th>created</th><th>design</th><th>data</th></tr>")
+    return f"<table class='st-table st-experiments'>{head}{''.join(rows)}</table>"
+
+
+def live_html(info: state.ExperimentInfo | None) -> str:
+    """The chosen experiment's sweep: states, progress, ETA, daemons."""
+    if info is None:
+        return ""
+    if not info.has_store:
+        return ("<div class='st-note st-live'>This experiment has only a results.nc (no store), so there is no "
+                "live sweep state: its trials are listed above.</div>")
+    live = state.live_status(info.folder)
+    s = live.states
+    done = s["ok"] + s["failed"]
+    pct = 100.0 * done / live.planned if live.planned else 0.0
+    sweep = (f"sweep running since {_when(live.sweep_started_us)}; ETA {_duration(live.eta_s)}" if live.sweep_running
+             else "no sweep running")
+    daemons = "".join(
+        f"<tr><td>{esc(d.daemon_id)}</td><td>{esc(d.hardware_class)}</td><td>{esc(d.state)}</td>"
+        f"<td>{esc(d.last_phase)} ({_when(d.last_seen_us)})</td><td>{d.attempts}</td><td>{esc(d.fingerprint)}</td></tr>"
+        for d in live.daemons) or "<tr><td colspan=6>no daemon has run a trial yet</td></tr>"
+    mean = f"; mean trial {live.mean_trial_s:.1f} s" if live.mean_trial_s else ""
+    return (
+        f"<div class='st-live'><h3>Current spec: {live.planned} planned trials</h3>"
+        f"<div class='st-states'>ok <b class='st-live-ok'>{s['ok']}</b> &middot; failed <b>{s['failed']}</b> &middot; "
+        f"running <b>{s['running']}</b> &middot; pending <b class='st-live-pending'>{s['pending']}</b></div>"
+        f"<div class='st-progress'><progress max='100' value='{pct:.1f}'></progress> {done}/{live.planned} "
+        f"({pct:.0f}%) &middot; {sweep}{mean}</div>"
+        f"<h4>Daemons</h4><table class='st-table st-daemons'><tr><th>daemon</th><th>hardware class</th><th>state</th>"
+        f"<th>last phase</th><th>attempts</th><th>fingerprint</th></tr>{daemons}</table></div>")
+
+
+class ExperimentsPage(pn.viewable.Viewer):
+    """The experiments table and the chosen experiment's live status."""
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(**params)
+        self.ctx = ctx
+        self.table = pn.pane.HTML(sizing_mode="stretch_width")
+        self.live = pn.pane.HTML(sizing_mode="stretch_width")
+        self._signature: tuple[Any, ...] = ()
+        self.refresh()
+
+    def refresh(self) -> None:
+        infos = state.list_experiments()
+        chosen = next((e for e in infos if e.name == self.ctx.experiment), None)
+        sig = tuple((e.name, e.version, state.store_version(e.folder), e.running) for e in infos)
+        if sig == self._signature:
+            return
+        self._signature = sig
+        self.table.object = experiments_html(infos, self.ctx.experiment)
+        self.live.object = live_html(chosen)
+
+    def __panel__(self) -> Any:
+        return pn.Column(self.table, self.live, sizing_mode="stretch_width")
+
+
+def view(ctx: Context) -> ExperimentsPage:
+    return ExperimentsPage(ctx)

@@ -1,0 +1,205 @@
+"""Parameters: importance with intervals, partial dependence, interactions and failure probability.
+
+Each section shows its chart with the result's causal/associational label (``claim``) and its
+minimum-data warnings next to it. The analyses (``analysis.importance``, ``analysis.effects``,
+``analysis.interactions``, ``analysis.failure``; they share one fitted surrogate) run in the
+background pool with a progress text in their place, and are cached per dataset version, metric and
+scenario, so every session and every return to the page reuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import holoviews as hv
+import pandas as pd
+import panel as pn
+
+from analysis.effects import PDResult, partial_dependence
+from analysis.failure import FailureResult, failure_probability
+from analysis.frame import AnalysisInputError
+from analysis.importance import ImportanceResult, importance
+from analysis.interactions import InteractionResult, interactions
+from analysis.report import default_metric
+from dashboards.app import Context, claim_html, esc, on_result, state, warnings_html
+from dashboards.app.pareto import metric_options
+
+log = logging.getLogger(__name__)
+
+IMPORTANCE_BOOT = 50
+PD_BOOT = 30
+H2_BOOT = 10
+
+
+def _iv(iv: Any) -> str:
+    if not math.isfinite(iv.estimate):
+        return "-"
+    return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}]" if math.isfinite(iv.low) else f"{iv.estimate:.3g}"
+
+
+def importance_view(r: ImportanceResult) -> Any:
+    rows = [*r.parameters, r.probe]
+    df = pd.DataFrame({"parameter": [p.name for p in rows], "importance": [p.permutation.estimate for p in rows],
+                       "low": [p.permutation.low for p in rows], "high": [p.permutation.high for p in rows]})
+    bars = hv.Bars(df, "parameter", "importance").opts(color="steelblue", invert_axes=True)
+    errs = hv.ErrorBars([(p, e, e - lo, hi - e) for p, e, lo, hi in df.itertuples(index=False)
+                         if math.isfinite(lo)], vdims=["importance", "neg", "pos"]).opts(invert_axes=True)
+    plot = (bars * errs).opts(hv.opts.Overlay(width=520, height=60 + 28 * len(df),
+                                              title=f"permutation importance (drop in held-out R²) of {r.metric}"))
+    table = "".join(f"<tr><td>{p.rank}</td><td>{esc(p.name)}</td><td>{_iv(p.permutation)}</td><td>{_iv(p.shap)}</td>"
+                    f"<td class='st-verdict-{'yes' if p.verdict == 'important' else 'no'}'>{esc(p.verdict)}</td></tr>"
+                    for p in r.parameters)
+    info = (f"<div class='st-section-done' data-section='importance'>{claim_html(r.claim)}</div>"
+            f"<div class='st-note'>{r.n_trials} trials, {r.n_boot} bootstrap refits (resampling {r.resampled}); "
+            f"out-of-bag R² {r.oob_r2:.2f}; {esc(r.method)}</div>{warnings_html(r.warnings)}"
+            f"<table class='st-table'><tr><th>#</th><th>parameter</th><th>permutation</th><th>mean |SHAP|</th>"
+            f"<th>verdict vs noise probe</th></tr>{table}</table>")
+    return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+
+def pd_view(r: PDResult) -> Any:
+    grid = r.grid[0]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid)
+    xs = grid if numeric else [str(v) for v in grid]
+    df = pd.DataFrame({r.params[0]: xs, "estimate": r.estimate, "low": r.low, "high": r.high})
+    if numeric:
+        plot = hv.Overlay([hv.Curve((xs, ice), r.params[0], "estimate").opts(color="lightgrey", line_width=0.5)
+                           for ice in r.ice[:50]])
+        plot = plot * hv.Area(df, r.params[0], ["low", "high"]).opts(alpha=0.3, color="steelblue")
+        plot = plot * hv.Curve(df, r.params[0], "estimate").opts(color="steelblue", line_width=2)
+    else:
+        plot = hv.Scatter(df, r.params[0], "estimate").opts(size=9) * hv.ErrorBars(
+            [(x, e, e - lo, hi - e) for x, e, lo, hi in zip(xs, r.estimate, r.low, r.high) if math.isfinite(lo)],
+            vdims=["estimate", "neg", "pos"])
+    plot = plot.opts(hv.opts.Overlay(width=520, height=300, title=f"partial dependence of {r.metric} ({r.scale})",
+                                     show_legend=False))
+    info = (f"<div class='st-section-done' data-section='pd'>{claim_html(r.claim)}</div>"
+            f"<p>{esc(r.sentence or '')}</p><div class='st-note'>{r.n_boot} bootstrap refits; ICE curves in grey; "
+            f"only the sampled range is shown</div>{warnings_html(r.warnings)}")
+    return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+
+def interactions_view(r: InteractionResult) -> Any:
+    rows = "".join(f"<tr><td>{esc(' x '.join(p.params))}</td><td>{_iv(p.h2)}</td><td>{_iv(p.strength)}</td>"
+                   f"<td>{p.shap_interaction:.3g}</td><td>{esc(', '.join(w.code for w in p.warnings))}</td></tr>"
+                   for p in r.pairs[:15])
+    parts: list[Any] = []
+    if r.pairs:
+        top = r.pairs[0]
+        cells = pd.DataFrame([(c.a, c.b, c.median, c.count) for c in top.cells],
+                             columns=[top.params[0], top.params[1], "median", "trials"])
+        parts.append(pn.pane.HoloViews(hv.HeatMap(cells, [top.params[0], top.params[1]], ["median", "trials"]).opts(
+            width=420, height=300, tools=["hover"], colorbar=True, cmap="viridis",
+            title=f"observed median {r.metric} by cell")))
+    info = (f"<div class='st-section-done' data-section='interactions'>{claim_html(r.claim)}</div>"
+            f"<div class='st-note'>{r.n_pairs_computed} of {r.n_pairs_total} pairs; H² from {r.n_boot} refits; "
+            f"{esc(r.method)}</div>{warnings_html(r.warnings)}"
+            f"<table class='st-table'><tr><th>pair</th><th>H²</th><th>strength</th><th>SHAP interaction</th>"
+            f"<th>caveats</th></tr>{rows}</table>")
+    return pn.Row(*parts, pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+
+def failure_view(r: FailureResult) -> Any:
+    parts: list[Any] = [pn.pane.HTML(
+        f"<div class='st-section-done' data-section='failure'>{claim_html(r.claim)}</div>"
+        f"<div class='st-note'>{r.n_trials} trials ran ({r.n_holes} holes and {r.n_baseline} baseline runs left out); "
+        f"failure kinds modelled: {esc(', '.join(r.kinds))}; by kind: "
+        f"{esc('; '.join(f'{k.kind} {k.failures}/{k.of}' for k in r.by_kind))}</div>{warnings_html(r.warnings)}",
+        sizing_mode="stretch_width")]
+    for g in r.groups:
+        # the 20 highest observed rates, highest on top (the inverted axis draws the first category lowest)
+        regions = sorted(g.regions, key=lambda x: -x.rate.estimate if math.isfinite(x.rate.estimate) else 0)[:20][::-1]
+        if regions:
+            df = pd.DataFrame({"region": [x.label for x in regions], "rate": [x.rate.estimate for x in regions],
+                               "low": [x.rate.low for x in regions], "high": [x.rate.high for x in regions]})
+            plot = (hv.Scatter(df, "region", "rate").opts(size=8, color="crimson", invert_axes=True)
+                    * hv.ErrorBars([(a, e, e - lo, hi - e) for a, e, lo, hi in df.itertuples(index=False)],
+                                   vdims=["rate", "neg", "pos"]).opts(invert_axes=True)).opts(
+                hv.opts.Overlay(width=560, height=80 + 24 * len(df),
+                                title=f"failure rate by region, {g.hardware_class} (Wilson 95%)"))
+            parts.append(pn.pane.HoloViews(plot))
+        parts.append(pn.pane.HTML(f"<div class='st-note'>{esc(g.hardware_class)} / {esc(g.load_point)}: "
+                                  f"{g.failures} of {g.n} failed ({_iv(g.rate)}); model: {esc(g.model)}</div>"))
+    return pn.Column(*parts, sizing_mode="stretch_width")
+
+
+class ParametersPage(pn.viewable.Viewer):
+    """Metric and scenario pickers; four sections computed in the background."""
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(**params)
+        assert ctx.folder is not None
+        self.folder = ctx.folder
+        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
+        metrics = metric_options(self.df)
+        dm = default_metric(self.ds)
+        self.metric = pn.widgets.Select(name="metric", options=metrics, value=dm if dm in metrics else metrics[0])
+        lps = sorted({str(v) for v in self.df["load_point"]})
+        ok = self.df[(self.df["status"] == "ok")]
+        main_lp = str(ok["load_point"].astype(str).value_counts().idxmax()) if len(ok) else (lps[0] if lps else "")
+        self.lp = pn.widgets.Select(name="scenario", options=lps, value=ctx.arg("load_point", main_lp)
+                                    if ctx.arg("load_point", main_lp) in lps else main_lp)
+        names = [p.name for p in state.swept(self.folder)]
+        self.pd_param = pn.widgets.Select(name="partial dependence of", options=names,
+                                          value=names[0] if names else None)
+        self.sections = {k: pn.Column(sizing_mode="stretch_width") for k in ("importance", "pd", "interactions",
+                                                                             "failure")}
+        self.metric.param.watch(lambda e: self.start(), "value")
+        self.lp.param.watch(lambda e: self.start(), "value")
+        self.pd_param.param.watch(lambda e: self._start_one("pd"), "value")
+        self.start()
+
+    def _jobs(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
+        ds, m, lp, p = self.ds, self.metric.value, self.lp.value, self.pd_param.value
+        return {
+            "importance": (lambda: importance(ds, metric=m, load_point=lp, n_boot=IMPORTANCE_BOOT), importance_view),
+            "pd": (lambda: partial_dependence(ds, p, metric=m, load_point=lp, n_boot=PD_BOOT), pd_view),
+            "interactions": (lambda: interactions(ds, metric=m, load_point=lp, n_boot=H2_BOOT), interactions_view),
+            "failure": (lambda: failure_probability(ds), failure_view),
+        }
+
+    def start(self) -> None:
+        for name in ("failure", "pd", "interactions", "importance"):  # quickest first
+            self._start_one(name)
+
+    def _start_one(self, name: str) -> None:
+        fn, render = self._jobs()[name]
+        key = ("params", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
+               self.pd_param.value if name == "pd" else None)
+        since = time.strftime("%H:%M:%S")
+        self.sections[name].objects = [pn.Row(pn.indicators.LoadingSpinner(value=True, size=24), pn.pane.HTML(
+            f"<div class='st-progress-text' data-section='{name}'>computing {name} in the background "
+            f"(started {since}; cached per dataset version once done)...</div>"))]
+        fut = state.background(key, fn)
+        on_result(fut, lambda f: self._done(name, key, f, render))
+
+    def _done(self, name: str, key: tuple[Any, ...], fut: Future[Any], render: Callable[[Any], Any]) -> None:
+        if key[4:6] != (self.metric.value, self.lp.value):
+            return  # the user changed the question meanwhile
+        try:
+            self.sections[name].objects = [render(fut.result())]
+        except AnalysisInputError as exc:
+            self.sections[name].objects = [pn.pane.HTML(
+                f"<div class='st-warn st-section-done' data-section='{name}'>not computed: {esc(exc)}</div>")]
+        except Exception as exc:
+            log.exception("section %s failed", name)
+            self.sections[name].objects = [pn.pane.HTML(
+                f"<div class='st-error st-section-done' data-section='{name}'>{name} failed: {esc(exc)}</div>")]
+
+    def __panel__(self) -> Any:
+        return pn.Column(
+            pn.Row(self.metric, self.lp),
+            pn.pane.HTML("<h3>Importance</h3>"), self.sections["importance"],
+            pn.pane.HTML("<h3>Partial dependence</h3>"), self.pd_param, self.sections["pd"],
+            pn.pane.HTML("<h3>Interactions</h3>"), self.sections["interactions"],
+            pn.pane.HTML("<h3>Failure probability</h3>"), self.sections["failure"],
+            sizing_mode="stretch_width")
+
+
+def view(ctx: Context) -> ParametersPage:
+    return ParametersPage(ctx)

@@ -1,0 +1,335 @@
+"""Browser tests of the dashboard: ``panel serve dashboards/`` started as a user starts it, driven
+by Debian's chromium through playwright.
+
+The results root holds the REAL ``e2e`` experiment (the shared vLLM CPU sweep, copied) and two
+SYNTHETIC experiments written as a bare ``results.nc`` (no store; the dashboard lists any folder
+with ``experiment.sqlite`` or ``results.nc``): ``planted`` (``analysis.synthetic.planted`` with
+baseline re-runs and a planted drift) and ``slo-trap``, where the config with the highest throughput
+misses the TTFT SLO but has the best goodput, so ``slo_throughput`` and ``goodput`` must crown
+different winners. One server serves every test (module scope) and is killed with its process
+group at teardown. Screenshots of each page go to ``test-artifacts/dashboard-*.png``.
+
+Runtime: about 1.5-2.5 min on 2 cores after the shared sweep (which other tests also use).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+SERVE_DEADLINE_S = 90.0
+PAGE_TIMEOUT_MS = 60_000
+
+pytestmark = [pytest.mark.vllm]
+
+
+# ------------------------------------------------------------------------------------- synthetic data
+
+
+def write_dataset(ds: xr.Dataset, folder: Path, name: str) -> Path:
+    """Write ``ds`` as ``folder/results.nc`` atomically (as the coordinator does), named ``name``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], name, dtype=object)))
+    ds.attrs["experiment"] = name
+    tmp = folder / ".results.nc.tmp"
+    ds.to_netcdf(tmp, engine="h5netcdf")
+    os.replace(tmp, folder / "results.nc")
+    return folder / "results.nc"
+
+
+def build_planted(folder: Path, n_configs: int = 40, seed: int = 1) -> xr.Dataset:
+    """A SYNTHETIC experiment with two load points, repeats, baseline re-runs and a planted drift."""
+    from analysis.synthetic import planted
+
+    ds, _ = planted(n_configs=n_configs, n_params=6, repeats=2, load_points=("short", "long"), baseline_every=10,
+                    drift_at=0.6, drift_size=-0.3, seed=seed)
+    write_dataset(ds, folder, folder.name)
+    return ds
+
+
+def build_slo_trap(folder: Path) -> tuple[str, str]:
+    """A SYNTHETIC experiment whose throughput winner misses the TTFT p99 SLO (200 ms) but has the
+    best goodput. Returns (the throughput/goodput winner's label, the SLO-respecting winner's label)."""
+    from analysis.synthetic import planted
+
+    ds, _ = planted(n_configs=8, n_params=3, repeats=3, noise=0.02, fail_rate_region=0.0, fail_rate_base=0.0,
+                    seed=2)
+    df = ds.sweep.table()
+    med = df.groupby("config_id")["output_throughput"].median().sort_values(ascending=False)
+    fast, second = str(med.index[0]), str(med.index[1])
+    is_fast = (df["config_id"] == fast).to_numpy()
+    ttft = ds["ttft_ms"].values.copy()
+    ttft[:, 3] = np.where(is_fast, 5000.0, 100.0)  # p99: the fast config misses 200 ms, every other meets it
+    goodput = ds["request_throughput"].values * np.where(is_fast, 1.0, 0.5)
+    ds = ds.assign(ttft_ms=(("trial", "quantile"), ttft), request_goodput=("trial", goodput))
+    write_dataset(ds, folder, folder.name)
+    labels = df.drop_duplicates("config_id").set_index("config_id")["config_label"]
+    return str(labels[fast]), str(labels[second])
+
+
+# ------------------------------------------------------------------------------------- the server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """A running ``panel serve dashboards/`` and what the tests planted."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, root: Path, trap: tuple[str, str], log: Path):
+        self.proc, self.port, self.root, self.trap, self.log = proc, port, root, trap, log
+
+    def url(self, query: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}/dashboards" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="module")
+def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    assert e2e_sweep.proc.returncode == 0, e2e_sweep.proc.stderr[-3000:]
+    root = tmp_path_factory.mktemp("dash") / "runs"
+    shutil.copytree(e2e_sweep.folder, root / "e2e")
+    build_planted(root / "planted")
+    trap = build_slo_trap(root / "slo-trap")
+    port = _free_port()
+    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "dashboard-server.log"
+    panel = str(Path(sys.executable).with_name("panel"))
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
+             f"--allow-websocket-origin=127.0.0.1:{port}"],
+            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVE_DEADLINE_S
+        while True:
+            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=30) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
+            time.sleep(0.5)
+        yield Served(proc, port, root, trap, log)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's chromium")
+    with playwright.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser tab that records console errors and uncaught page errors."""
+
+    def __init__(self, browser, url: str):
+        self.errors: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        self.page.set_default_timeout(PAGE_TIMEOUT_MS)
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.goto(url, timeout=PAGE_TIMEOUT_MS)
+
+    def text(self, selector: str) -> str:
+        loc = self.page.locator(selector).first
+        loc.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
+        return str(loc.inner_text())
+
+    def attr(self, selector: str, name: str) -> str:
+        loc = self.page.locator(selector).first
+        loc.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
+        return str(loc.get_attribute(name))
+
+    def wait_attr(self, selector: str, name: str, ok, timeout_s: float = 30.0) -> str:
+        """Wait until ``ok(value)`` for the attribute of the first match; returns the value."""
+        deadline = time.monotonic() + timeout_s
+        value = ""
+        while time.monotonic() < deadline:
+            loc = self.page.locator(selector)
+            if loc.count():
+                value = str(loc.first.get_attribute(name))
+                if ok(value):
+                    return value
+            self.page.wait_for_timeout(250)
+        raise AssertionError(f"{selector}[{name}] never satisfied the condition; last value {value!r}")
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+# ------------------------------------------------------------------------------------- tests
+
+PAGES = {
+    "experiments": (".st-experiments", "e2e"),
+    "pareto": (".st-pareto-summary", "e2e"),
+    "parameters": (".st-progress-text, .st-section-done", "planted"),
+    "compare": (".st-verdict", "planted"),
+    "inspector": (".st-server-log", "e2e"),
+    "ranking": (".st-winner", "e2e"),
+    "drift": (".st-alarm", "planted"),
+}
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_loads_without_console_errors(served: Served, browser, page: str) -> None:
+    marker, exp = PAGES[page]
+    tab = Page(browser, served.url(f"page={page}&experiment={exp}"))
+    try:
+        tab.page.locator(marker).first.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
+        if page == "parameters":  # four background analyses: each replaces its progress text when done
+            for section in ("failure", "pd", "interactions", "importance"):
+                tab.page.locator(f"[data-section='{section}'].st-section-done").first.wait_for(
+                    state="attached", timeout=240_000)
+            assert tab.page.locator(".st-claim").count() >= 4  # the causal/associational label of each
+        tab.page.wait_for_timeout(1000)
+        tab.shot(f"{page}-{exp}")
+        assert not tab.page.locator(".st-error").count(), tab.text(".st-error")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_pareto_filters_change_what_is_shown(served: Served, browser) -> None:
+    tab = Page(browser, served.url("page=pareto&experiment=planted"))
+    try:
+        before = int(tab.attr(".st-pareto-summary", "data-points"))
+        trials_before = int(tab.attr(".st-pareto-summary", "data-trials"))
+        assert before > 0
+        # drop the "long" scenario from the scenario filter: fewer trials and fewer points
+        tab.page.locator(".st-filter-load_point .choices__item--selectable", has_text="long").locator(
+            "button").first.click()
+        tab.wait_attr(".st-pareto-summary", "data-trials", lambda v: int(v) < trials_before)
+        after = int(tab.attr(".st-pareto-summary", "data-points"))
+        assert 0 < after < before, (before, after)
+        tab.shot("pareto-filtered")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_selecting_a_trial_opens_its_logs(served: Served, browser) -> None:
+    tab = Page(browser, served.url("page=pareto&experiment=e2e"))
+    try:
+        n = int(tab.attr(".st-table-note", "data-rows"))
+        assert n == 6  # every trial of the real sweep (no filter narrowed yet)
+        # box-select the whole plot: the table follows the selection (linked selection)
+        canvas = tab.page.locator("canvas").first
+        canvas.wait_for(state="visible", timeout=PAGE_TIMEOUT_MS)
+        tab.page.wait_for_timeout(1500)  # let BokehJS attach its tools
+        box = canvas.bounding_box()
+        assert box is not None
+        # drag across the plot frame (the canvas also holds the title and axes: a drag must start inside
+        # the frame; the points sit inside the frame's 15% padding); box select is the active drag tool
+        selected = tab.page.locator(".st-table-note", has_text="selected configs")
+        for x0, y0, x1, y1 in ((0.10, 0.085, 0.97, 0.93), (0.14, 0.12, 0.93, 0.86)):
+            tab.page.mouse.move(box["x"] + x0 * box["width"], box["y"] + y0 * box["height"])
+            tab.page.mouse.down()
+            tab.page.mouse.move(box["x"] + x1 * box["width"], box["y"] + y1 * box["height"], steps=10)
+            tab.page.mouse.up()
+            try:
+                selected.wait_for(timeout=20_000)
+                break
+            except Exception:
+                tab.shot("pareto-box-select-missed")
+        selected.wait_for(timeout=PAGE_TIMEOUT_MS)
+        rows = int(tab.attr(".st-table-note", "data-rows"))
+        assert 0 < rows <= n
+        # pick the first listed trial and open it
+        first_cell = tab.page.locator(".tabulator-row .tabulator-cell[tabulator-field='trial_id']").first
+        trial_id = first_cell.inner_text().strip()
+        assert len(trial_id) == 64, trial_id
+        first_cell.click()
+        tab.page.locator(".st-open-trial button:not([disabled])").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        tab.page.locator(".st-open-trial button").first.click()
+        log = tab.page.locator(".st-server-log").first
+        log.wait_for(timeout=PAGE_TIMEOUT_MS)
+        server_log = log.inner_text()
+        assert "vllm" in server_log.lower() or "uvicorn" in server_log.lower(), server_log[:500]
+        client_log = tab.text(".st-client-log")
+        assert "daemon." in client_log, client_log[:500]
+        assert tab.attr(".st-trial", "data-trial") == trial_id
+        assert "page=inspector" in tab.page.url and f"trial={trial_id}" in tab.page.url
+        tab.shot("inspector-from-pareto")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_switching_the_ranking_policy_changes_the_winner(served: Served, browser) -> None:
+    fast, respecting = served.trap
+    tab = Page(browser, served.url("page=ranking&experiment=slo-trap&policy=slo_throughput"))
+    try:
+        winner = tab.page.locator(".st-winner").first
+        winner.wait_for(state="attached")
+        assert respecting in winner.inner_text(), (
+            f"slo_throughput must crown the best config meeting the SLO ({respecting}), got {winner.inner_text()!r}")
+        assert "vllm serve" in tab.page.locator(".st-command textarea").first.input_value()
+        tab.page.wait_for_timeout(500)
+        tab.page.locator(".st-policy select").first.select_option("goodput")
+        try:
+            tab.page.locator(".st-winner", has_text=fast).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        except Exception as exc:
+            shown = [w.inner_text() for w in tab.page.locator(".st-winner").all()]
+            raise AssertionError(f"goodput must crown {fast}; the page shows {shown}; "
+                                 f"policy in the page: {tab.page.locator('.st-policy select').first.input_value()}"
+                                 ) from exc
+        assert "policy=goodput" in tab.page.url
+        tab.shot("ranking-goodput")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_live_page_picks_up_new_results(served: Served, browser) -> None:
+    folder = served.root / "planted"
+    tab = Page(browser, served.url("page=experiments&experiment=planted"))
+    try:
+        sel = "tr[data-exp='planted'] .st-trials"
+        before = int(tab.text(sel))
+        ds = build_planted(folder, n_configs=55, seed=1)
+        expected = ds.sizes["trial"]
+        assert expected != before
+        t0 = time.monotonic()
+        tab.page.locator(sel, has_text=str(expected)).wait_for(timeout=15_000)
+        assert time.monotonic() - t0 < 15
+        tab.shot("experiments-live")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+        build_planted(folder)  # back to what the other tests expect
