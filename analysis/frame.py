@@ -74,23 +74,43 @@ class Parameter:
 
     def encode(self, values: Sequence[Any] | np.ndarray | pd.Series) -> np.ndarray:
         """Numbers for a model: log2 or raw for numeric, 0/1 for bool, level index for categorical.
-        Missing values (vLLM's default: the flag was not passed) become NaN."""
-        arr = np.asarray(values, dtype=object)
-        out = np.full(len(arr), np.nan)
+        Missing values (vLLM's default: the flag was not passed) become NaN; for a categorical
+        parameter with an ``""`` level (an environment variable left unset) they become that level.
+
+        Vectorised: numeric arrays are converted as a whole; otherwise each distinct value is
+        encoded once (``math.log2`` per distinct value, so a value always gets the same bits) and
+        the codes are spread back with one take."""
+        arr = _as_array(values)
+        n = len(arr)
         default = self.levels.index("") if self.kind == "categorical" and "" in self.levels else None
-        for i, v in enumerate(arr):
-            if _missing(v):
-                if default is not None:
-                    out[i] = float(default)
-                continue
-            if self.kind == "numeric":
-                x = float(v)
-                out[i] = math.log2(x) if self.log else x
-            elif self.kind == "bool":
-                out[i] = 1.0 if _truthy(v) else 0.0
-            else:
-                out[i] = float(self.levels.index(v)) if v in self.levels else np.nan
-        return out
+        if n == 0:
+            return np.full(0, np.nan)
+        if arr.dtype.kind in "biuf" and self.kind != "categorical":
+            x = arr.astype(float)
+            missing = np.isnan(x)
+            if self.kind == "bool":
+                return np.where(missing, np.nan, np.where(x != 0, 1.0, 0.0))
+            if not self.log:
+                return x
+        try:
+            codes, uniq = pd.factorize(arr.astype(object) if arr.dtype.kind in "biufUS" else arr,
+                                       use_na_sentinel=False)
+        except TypeError:  # unhashable values: encode them one by one
+            return np.array([self._encode_one(v, default) for v in arr.tolist()], dtype=float)
+        enc = np.array([self._encode_one(v, default) for v in np.asarray(uniq, dtype=object).tolist()],
+                       dtype=float)
+        return np.asarray(enc[np.asarray(codes, dtype=np.intp)], dtype=float)
+
+    def _encode_one(self, v: Any, default: int | None) -> float:
+        """One value's number (the rule :meth:`encode` applies to every distinct value)."""
+        if _missing(v):
+            return float(default) if default is not None else math.nan
+        if self.kind == "numeric":
+            x = float(v)
+            return math.log2(x) if self.log else x
+        if self.kind == "bool":
+            return 1.0 if _truthy(v) else 0.0
+        return float(self.levels.index(v)) if v in self.levels else math.nan
 
     def decode(self, x: float) -> Any:
         """The parameter value for an encoded number (the nearest level for bool/categorical)."""
@@ -100,6 +120,17 @@ class Parameter:
         if self.kind == "bool":
             return bool(idx)
         return self.levels[max(0, min(len(self.levels) - 1, idx))]
+
+
+def _as_array(values: Sequence[Any] | np.ndarray | pd.Series) -> np.ndarray:
+    """``values`` as a 1-D numpy array: arrays and Series keep their dtype (pandas' string and
+    categorical columns become objects), anything else becomes an object array."""
+    if isinstance(values, (pd.Series, pd.Index)):
+        arr = values.to_numpy()
+        return arr if arr.dtype.kind in "biuf" else np.asarray(arr, dtype=object)
+    if isinstance(values, np.ndarray):
+        return values.reshape(-1) if values.ndim != 1 else values
+    return np.asarray(values, dtype=object).reshape(-1)
 
 
 def _missing(v: Any) -> bool:
@@ -183,9 +214,35 @@ def quantile_column(var: str, q: float) -> str:
     return f"{var}_p{int(round(pct))}" if abs(pct - round(pct)) < 1e-9 else f"{var}_p{pct:g}"
 
 
-def trial_table(ds: xr.Dataset) -> pd.DataFrame:
+#: the columns :func:`trial_table` derives (after the dataset's own), in the order it adds them
+DERIVED_COLUMNS: tuple[str, ...] = ("concurrency", "concurrency_source", "output_tokens_per_user", "gpus",
+                                    "output_tokens_per_gpu", "gpu_hour_price", "output_tokens_per_dollar")
+
+
+def table_columns(ds: xr.Dataset) -> list[str]:
+    """The columns :func:`trial_table` would give ``ds``, in its order, without building anything."""
+    cols: list[str] = [str(name) for name, coord in ds.coords.items()
+                       if coord.dims == ("trial",) and name != "trial"]
+    for name, var in ds.data_vars.items():
+        if var.dims == ("trial",):
+            cols.append(str(name))
+        elif var.dims == ("trial", "quantile"):
+            cols.extend(quantile_column(str(name), float(q)) for q in ds["quantile"].values.tolist())
+    return list(dict.fromkeys([*cols, *DERIVED_COLUMNS]))
+
+
+def trial_table(ds: xr.Dataset, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per trial: every ``trial`` coordinate, every scalar variable, quantile variables as
-    ``<var>_p<q>`` columns and the derived metrics; the index is the dataset's ``trial`` index."""
+    ``<var>_p<q>`` columns and the derived metrics; the index is the dataset's ``trial`` index.
+
+    ``columns`` (the lean path, for large datasets): build only these columns, in this order, with
+    the same values and dtypes as the full table's; derived columns are computed only when named
+    (from the dataset columns they need, whether named or not). Names the dataset does not have are
+    left out, so a caller's own check (``metric in df``) still reports them. :func:`table_columns`
+    lists what the full table holds.
+    """
+    if columns is not None:
+        return lean_table(ds, columns, strings="str")
     cols: dict[str, Any] = {}
     for name, coord in ds.coords.items():
         if coord.dims == ("trial",) and name != "trial":
@@ -201,6 +258,57 @@ def trial_table(ds: xr.Dataset) -> pd.DataFrame:
     return df
 
 
+def _column_of(ds: xr.Dataset, name: str, quantiles: dict[str, tuple[str, int]]) -> np.ndarray | None:
+    """The values of one non-derived table column taken straight from ``ds`` (None: no such column)."""
+    if name in ds.coords and name != "trial" and ds.coords[name].dims == ("trial",):
+        return np.asarray(ds.coords[name].values)
+    if name in ds.data_vars and ds[name].dims == ("trial",):
+        return np.asarray(ds[name].values)
+    if name in quantiles:
+        var, j = quantiles[name]
+        return np.asarray(ds[var].values[:, j])
+    return None
+
+
+def lean_table(ds: xr.Dataset, columns: Sequence[str], strings: Literal["str", "object"] = "object") -> pd.DataFrame:
+    """``trial_table(ds, columns=columns)``, and with ``strings="object"`` (the default here) text
+    columns keep the dataset's numpy object arrays instead of being converted to pandas' string
+    dtype: the same values, without a pass over a million strings per column. For tables a caller
+    uses internally (:func:`analysis.pareto.front` and :func:`analysis.ranking.rank` without
+    ``table=``); :func:`trial_table` gives pandas' dtypes."""
+    quantiles: dict[str, tuple[str, int]] = {}
+    if "quantile" in ds.coords:
+        qs = ds["quantile"].values.tolist()
+        for name, var in ds.data_vars.items():
+            if var.dims == ("trial", "quantile"):
+                for j, q in enumerate(qs):
+                    quantiles[quantile_column(str(name), float(q))] = (str(name), j)
+    wanted = list(dict.fromkeys(str(c) for c in columns))
+    derived: dict[str, np.ndarray] = {}
+    if any(c in DERIVED_COLUMNS for c in wanted):
+        def num(name: str) -> np.ndarray | None:
+            v = _column_of(ds, name, quantiles)
+            return None if v is None else np.asarray(v, dtype=float)
+
+        n = int(ds.sizes["trial"])
+        derived = _derived(num, _column_of(ds, "hardware_class", quantiles), n, _prices(ds))
+    index = pd.Index(ds["trial"].values, name="trial")
+    cols: dict[str, Any] = {}
+    for c in wanted:
+        v = derived[c] if c in derived else _column_of(ds, c, quantiles)
+        if v is not None:
+            cols[c] = v
+    if strings == "str":
+        return pd.DataFrame(cols, index=index)
+    # column by column: no str conversion and no consolidation copy (a handful of columns)
+    out = pd.DataFrame(index=index)
+    for c, v in cols.items():
+        text = v.dtype.kind in "OUS"
+        out[c] = pd.Series(v.astype(object) if v.dtype.kind in "US" else v, index=index,
+                           dtype=object if text else None, copy=False)
+    return out
+
+
 def _prices(ds: xr.Dataset) -> dict[str, float]:
     raw = ds.attrs.get("gpu_hour_prices", "")
     if not raw:
@@ -210,29 +318,43 @@ def _prices(ds: xr.Dataset) -> dict[str, float]:
 
 
 def _add_derived(df: pd.DataFrame, prices: dict[str, float]) -> None:
-    n = len(df)
-    out_tp = df["output_throughput"].to_numpy(dtype=float) if "output_throughput" in df else np.full(n, np.nan)
-    conc = df["max_concurrency"].to_numpy(dtype=float) if "max_concurrency" in df else np.full(n, np.nan)
+    def num(name: str) -> np.ndarray | None:
+        return df[name].to_numpy(dtype=float) if name in df else None
+
+    hw = df["hardware_class"] if "hardware_class" in df else None
+    for name, values in _derived(num, hw, len(df), prices).items():
+        df[name] = values
+
+
+def _derived(num: Any, hardware_class: Any, n: int, prices: dict[str, float]) -> dict[str, np.ndarray]:
+    """The :data:`DERIVED_COLUMNS` from ``num(column)`` (float values of a table column, None when
+    absent) and the hardware classes (None when absent)."""
+    nan = np.full(n, np.nan)
+    out_tp = num("output_throughput")
+    out_tp = nan if out_tp is None else out_tp
+    conc = num("max_concurrency")
+    conc = nan if conc is None else conc
     source = np.where(np.isfinite(conc), "max_concurrency", "littles_law")
-    if "request_throughput" in df and "mean_e2el_ms" in df:
-        little = df["request_throughput"].to_numpy(dtype=float) * df["mean_e2el_ms"].to_numpy(dtype=float) / 1000.0
-    else:
-        little = np.full(n, np.nan)
+    req_tp, e2el = num("request_throughput"), num("mean_e2el_ms")
+    little = req_tp * e2el / 1000.0 if req_tp is not None and e2el is not None else nan
     conc = np.where(np.isfinite(conc), conc, little)
+    d: dict[str, np.ndarray] = {}
     with np.errstate(divide="ignore", invalid="ignore"):
-        df["concurrency"] = conc
-        df["concurrency_source"] = np.where(np.isfinite(conc), source, "")
-        df["output_tokens_per_user"] = np.where(conc > 0, out_tp / conc, np.nan)
-        tp = df["param_tensor_parallel_size"].to_numpy(dtype=float) if "param_tensor_parallel_size" in df else np.ones(n)
+        d["concurrency"] = conc
+        d["concurrency_source"] = np.where(np.isfinite(conc), source, "")
+        d["output_tokens_per_user"] = np.where(conc > 0, out_tp / conc, np.nan)
+        tp = num("param_tensor_parallel_size")
+        tp = np.ones(n) if tp is None else tp
         gpus = np.where(np.isfinite(tp) & (tp > 0), tp, 1.0)
-        df["gpus"] = gpus
-        df["output_tokens_per_gpu"] = out_tp / gpus
-        if "hardware_class" in df and prices:
-            price = df["hardware_class"].map(prices).to_numpy(dtype=float)  # unpriced classes: NaN
+        d["gpus"] = gpus
+        d["output_tokens_per_gpu"] = out_tp / gpus
+        if hardware_class is not None and prices:
+            price = pd.Series(np.asarray(hardware_class)).map(prices).to_numpy(dtype=float)  # unpriced: NaN
         else:
             price = np.full(n, np.nan)
-        df["gpu_hour_price"] = price
-        df["output_tokens_per_dollar"] = out_tp * 3600.0 / (gpus * price)
+        d["gpu_hour_price"] = price
+        d["output_tokens_per_dollar"] = out_tp * 3600.0 / (gpus * price)
+    return d
 
 
 def design_matrix(df: pd.DataFrame, params: Sequence[Parameter]) -> np.ndarray:

@@ -26,14 +26,14 @@ import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
 from analysis.common import Caveat, Notes, Subsample
-from analysis.frame import PARAM_PREFIX, AnalysisInputError, metric_sense, trial_table
+from analysis.frame import PARAM_PREFIX, AnalysisInputError, lean_table, metric_sense
 
 log = logging.getLogger(__name__)
 
@@ -173,51 +173,137 @@ class _Grouping:
     first: np.ndarray  # per cell, the table position of one of its rows
     inverse: np.ndarray  # per non-baseline row, its cell
     status: np.ndarray  # per non-baseline row
+    status_codes: np.ndarray | None = None  # per non-baseline row, the index of its status in status_names
+    status_names: tuple[Any, ...] = ()
 
 
 _GROUPING_CACHE: dict[int, tuple[weakref.ref[pd.DataFrame], int, tuple[str, ...], _Grouping]] = {}
+#: the grouping of lean tables built from one dataset, keyed by the identity of the dataset's arrays it
+#: was computed from (config ids, status, baseline flags, group keys): front then rank on one dataset
+#: factorise its ids once
+_SOURCE_CACHE: dict[tuple[Any, ...], tuple[list[weakref.ref[np.ndarray]], _Grouping]] = {}
 
 
-def _grouping(df: pd.DataFrame, by: Sequence[str]) -> _Grouping:
-    """Factorise group keys and config ids once per table object (front and rank share it)."""
+def _source_arrays(source: xr.Dataset, by: Sequence[str]) -> list[np.ndarray] | None:
+    names = ["config_id", "status", "is_baseline", *by]
+    out = []
+    for c in names:
+        if c in source.coords or c in source.data_vars:
+            v = source[c].variable._data
+            if not isinstance(v, np.ndarray):
+                return None
+            out.append(v)
+    return out
+
+
+def _grouping(df: pd.DataFrame, by: Sequence[str], source: xr.Dataset | None = None) -> _Grouping:
+    """Factorise group keys and config ids once per table object (front and rank share it), or,
+    for lean tables built from ``source`` (row for row), once per dataset while its arrays live.
+
+    Linear-time at scale: ids are hashed (not sorted row by row), only the distinct ids are sorted,
+    and cells are found by counting (``bincount``) rather than by sorting every row."""
     n_rows = len(df)
     hit = _GROUPING_CACHE.get(id(df))
     if hit is not None and hit[1] == n_rows and hit[2] == tuple(by) and hit[0]() is df:
         return hit[3]
+    arrays = _source_arrays(source, by) if source is not None else None
+    skey: tuple[Any, ...] | None = None
+    if arrays is not None:
+        skey = (tuple(by), n_rows, tuple(c in df for c in by), tuple(id(a) for a in arrays))
+        shit = _SOURCE_CACHE.get(skey)
+        if shit is not None and all(r() is a for r, a in zip(shit[0], arrays)):
+            return shit[1]
     if "config_id" not in df or "status" not in df:
         raise AnalysisInputError("the trial table needs 'config_id' and 'status' columns")
-    rows = (np.flatnonzero(~df["is_baseline"].to_numpy(dtype=bool)) if "is_baseline" in df
-            else np.arange(len(df)))
+    baseline = df["is_baseline"].to_numpy(dtype=bool) if "is_baseline" in df else None
+    rows = np.flatnonzero(~baseline) if baseline is not None and baseline.any() else np.arange(n_rows)
+    everything = len(rows) == n_rows
+
+    def column(name: str) -> np.ndarray:
+        values = df[name].to_numpy(dtype=object)
+        return values if everything else values[rows]
+
     keys = [k for k in by if k in df]
     n = len(rows)
     gcode = np.zeros(n, dtype=np.int64)
     gvalues: list[np.ndarray] = []
     for k in keys:
-        codes, uniq = _factorize(df[k].to_numpy(dtype=object)[rows])
+        codes, uniq = _factorize(column(k))
         gcode = gcode * max(1, len(uniq)) + codes
         gvalues.append(np.asarray(uniq, dtype=object))
-    ccode, cuniq = _factorize(df["config_id"].to_numpy(dtype=object)[rows])
+    ccode, cuniq = _factorize(column("config_id"))
     ncfg = max(1, len(cuniq))
     combo = gcode * ncfg + ccode
-    ucombo, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+    ncombo = ncfg * int(np.prod([max(1, len(u)) for u in gvalues]))
+    if n and combo.min() >= 0 and ncombo <= 4 * n + 1024:
+        # cells by counting: present cells in code order, each row's cell, each cell's first row
+        present = np.bincount(combo, minlength=ncombo) > 0
+        ucombo = np.flatnonzero(present)
+        cell_of = np.cumsum(present) - 1
+        inverse = cell_of[combo]
+        first = np.full(len(ucombo), n, dtype=np.int64)
+        np.minimum.at(first, inverse, np.arange(n, dtype=np.int64))
+    else:  # missing ids (code -1) or a sparse code space: sort
+        ucombo, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+    status = column("status")
+    scodes, snames = pd.factorize(status)
     g = _Grouping(keys, gvalues, rows, np.asarray(cuniq, dtype=object), ncfg, ucombo, rows[first],
-                  inverse.reshape(-1), df["status"].to_numpy(dtype=object)[rows])
+                  np.asarray(inverse).reshape(-1), status, np.asarray(scodes), tuple(np.asarray(snames).tolist()))
     _GROUPING_CACHE.clear()  # one table at a time: enough for front + rank on the same table
     _GROUPING_CACHE[id(df)] = (weakref.ref(df), len(df), tuple(by), g)
+    if skey is not None and arrays is not None:
+        _SOURCE_CACHE.clear()  # one dataset at a time
+        _SOURCE_CACHE[skey] = ([weakref.ref(a) for a in arrays], g)
     return g
 
 
+def clear_cache() -> None:
+    """Forget cached groupings (of tables and of datasets); for cold timings."""
+    _GROUPING_CACHE.clear()
+    _SOURCE_CACHE.clear()
+
+
+def base_columns(by: Sequence[str]) -> list[str]:
+    """The trial-table columns :func:`config_groups` reads besides the metrics (ids, labels, status,
+    baseline flag, the grouping keys): with the metrics, what a lean table needs."""
+    return list(dict.fromkeys(["config_id", "config_label", "status", "is_baseline", *by]))
+
+
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes and sorted uniques; values of mixed types are compared as strings."""
+    """Codes and sorted uniques (missing values: code -1); values of mixed types are compared as
+    strings. The same codes as ``pd.factorize(values, sort=True)``, faster: the values are hashed
+    in their order and only the distinct ones are sorted."""
+    if len(values) and isinstance(values[0], str) and bool((values == values[0]).all()):
+        return np.zeros(len(values), dtype=np.int64), np.asarray([values[0]], dtype=object)
+    codes, uniq = pd.factorize(values)
+    uniq = np.asarray(uniq, dtype=object)
+    if len(uniq) <= 1:
+        return np.asarray(codes, dtype=np.int64), uniq
+    if pd.api.types.infer_dtype(uniq, skipna=False) == "string":
+        order = np.asarray(sorted(range(len(uniq)), key=uniq.__getitem__), dtype=np.intp)
+        rank_of = np.empty(len(uniq), dtype=np.int64)
+        rank_of[order] = np.arange(len(uniq))
+        return np.where(codes >= 0, rank_of[codes], -1), uniq[order]
+    # mixed types: pandas' own order (or, where values do not compare, their strings')
     try:
         codes, uniq = pd.factorize(values, sort=True)
     except TypeError:
         codes, uniq = pd.factorize(values.astype(str), sort=True)
-    return np.asarray(codes), np.asarray(uniq, dtype=object)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
+def _status_flags(gr: _Grouping, names: Sequence[str]) -> list[np.ndarray]:
+    """``status == name`` for each name, comparing codes instead of strings."""
+    if gr.status_codes is None:
+        return [np.asarray(gr.status == name, dtype=bool) for name in names]
+    pos = {u: i for i, u in enumerate(gr.status_names) if isinstance(u, str)}
+    return [gr.status_codes == pos[name] if name in pos else np.zeros(len(gr.status), dtype=bool)
+            for name in names]
 
 
 def config_groups(df: pd.DataFrame, columns: Sequence[str], by: Sequence[str], status: str = "ok",
-                  with_trials: bool = False, extra: dict[str, np.ndarray] | None = None) -> list[ConfigGroup]:
+                  with_trials: bool = False, extra: dict[str, np.ndarray] | None = None,
+                  source: xr.Dataset | None = None) -> list[ConfigGroup]:
     """Group non-baseline trials of ``df`` by ``by`` and config; per config the median of ``columns``
     over its usable trials (status ``status`` and every column finite), plus counts by status.
 
@@ -228,6 +314,8 @@ def config_groups(df: pd.DataFrame, columns: Sequence[str], by: Sequence[str], s
         status: which trials count as usable.
         with_trials: also keep the usable trials' values (for bootstrapping).
         extra: per-trial columns computed by the caller (aligned with ``df``'s rows).
+        source: the dataset ``df`` was flattened from, row for row (a lean table): the grouping is
+            then cached per dataset while its arrays live (do not modify them in place).
 
     Returns:
         One :class:`ConfigGroup` per group, sorted by the group keys; configs sorted by id.
@@ -236,17 +324,19 @@ def config_groups(df: pd.DataFrame, columns: Sequence[str], by: Sequence[str], s
     missing = [c for c in columns if c not in df and c not in extra]
     if missing:
         raise AnalysisInputError(f"unknown metric {missing[0]!r}: no such column in the trial table")
-    gr = _grouping(df, by)
+    gr = _grouping(df, by, source)
     rows, inverse, ncell = gr.rows, gr.inverse, len(gr.ucombo)
     n = len(rows)
-    n_ok = np.bincount(inverse, weights=(gr.status == "ok"), minlength=ncell).astype(np.int64)
-    n_failed = np.bincount(inverse, weights=(gr.status == "failed"), minlength=ncell).astype(np.int64)
-    n_holes = np.bincount(inverse, weights=(gr.status == "hole"), minlength=ncell).astype(np.int64)
+    is_ok, is_failed, is_hole, is_usable = _status_flags(gr, ("ok", "failed", "hole", status))
+    n_ok = np.bincount(inverse[is_ok], minlength=ncell).astype(np.int64)
+    n_failed = np.bincount(inverse[is_failed], minlength=ncell).astype(np.int64)
+    n_holes = np.bincount(inverse[is_hole], minlength=ncell).astype(np.int64)
     x = np.empty((n, len(columns)))
+    everything = n == len(df)
     for j, c in enumerate(columns):
-        col = extra[c] if c in extra else df[c].to_numpy(dtype=float)
-        x[:, j] = np.asarray(col, dtype=float)[rows]
-    usable = (gr.status == status) & np.isfinite(x).all(axis=1)
+        col = np.asarray(extra[c] if c in extra else df[c].to_numpy(dtype=float), dtype=float)
+        x[:, j] = col if everything else col[rows]
+    usable = is_usable & np.isfinite(x).all(axis=1)
     counts = np.bincount(inverse[usable], minlength=ncell).astype(np.int64)
     medians = np.full((ncell, len(columns)), np.nan)
     if usable.any() and columns:
@@ -275,8 +365,10 @@ def config_groups(df: pd.DataFrame, columns: Sequence[str], by: Sequence[str], s
             lo, hi = np.searchsorted(trial_codes, [a, b])
             vals = trial_vals[lo:hi]
             starts = np.searchsorted(trial_codes[lo:hi], np.arange(a, b))
+        labels = labels_all[a:b]
         out.append(ConfigGroup(
-            key=key, config_ids=gr.cuniq[gr.ucombo[a:b] % gr.ncfg], labels=[str(v) for v in labels_all[a:b]],
+            key=key, config_ids=gr.cuniq[gr.ucombo[a:b] % gr.ncfg],
+            labels=[str(v) for v in labels.tolist()],
             first_rows=gr.first[a:b], n_ok=n_ok[a:b], n_failed=n_failed[a:b], n_holes=n_holes[a:b],
             medians=medians[a:b], counts=counts[a:b], values=vals, starts=starts))
     return out
@@ -327,6 +419,16 @@ def param_values(df: pd.DataFrame, rows: Sequence[int] | np.ndarray) -> list[dic
     return out
 
 
+def _dataset_param_values(ds: xr.Dataset, df: pd.DataFrame, rows: np.ndarray) -> list[dict[str, Any]]:
+    """:func:`param_values` of the trials at table positions ``rows`` of a lean table of ``ds`` (one
+    without the ``param_*`` columns, row for row the dataset's): the same values, read from the
+    dataset for those rows only (through the same DataFrame conversion as the full table's)."""
+    pos = np.asarray(rows, dtype=np.int64)
+    cols = [str(c) for c in ds.coords if str(c).startswith(PARAM_PREFIX) and ds.coords[c].dims == ("trial",)]
+    small = pd.DataFrame({c: np.asarray(ds.coords[c].values)[pos] for c in cols}, index=np.arange(len(pos)))
+    return param_values(small, np.arange(len(pos)))
+
+
 # --- the front of an experiment ---------------------------------------------------------------------------
 
 
@@ -347,12 +449,18 @@ class ParetoPoint:
 
 @dataclass(frozen=True)
 class ParetoGroup:
-    """The front of one scenario x hardware-class group (``group``: load_point, hardware_class)."""
+    """The front of one scenario x hardware-class group (``group``: load_point, hardware_class).
+
+    ``n_points`` configs had usable trials (``len(points)`` of them listed, see :func:`front`'s
+    ``points``); ``n_front`` of them are on the front; ``n_without_data`` had none."""
 
     group: dict[str, str]
     points: list[ParetoPoint]
     n_front: int
     n_without_data: int
+    n_points: int = -1
+    """Configs with usable trials (each a point of the plot); with ``points="all"`` it equals
+    ``len(points)``, with ``points="front"`` only the ``n_front`` front configs are listed."""
 
 
 @dataclass(frozen=True)
@@ -369,7 +477,7 @@ class ParetoResult:
 
 def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_ms_p99"),
           by: Sequence[str] = ("load_point", "hardware_class"), n_boot: int = 200, seed: int = 0,
-          status: str = "ok", table: pd.DataFrame | None = None) -> ParetoResult:
+          status: str = "ok", table: pd.DataFrame | None = None, points: Literal["all", "front"] = "all") -> ParetoResult:
     """Pareto front of engine configs per scenario x hardware class.
 
     Args:
@@ -382,22 +490,34 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
         seed: seed of the resampling.
         status: trials counted (``ok``); baseline trials are always left out.
         table: the trial table of ``ds`` if already built (saves flattening it again; its grouping is
-            cached while the object lives, so do not modify it in place between calls).
+            cached while the object lives, so do not modify it in place between calls). Without it
+            only the columns the front needs are flattened (:func:`analysis.frame.trial_table`'s
+            ``columns``).
+        points: ``"all"`` lists every config with usable trials; ``"front"`` only those on the front
+            (the same objects, in the same order; ``n_points`` still counts every config), which is
+            what a large experiment's plot of the front needs: no point object for each of
+            hundreds of thousands of dominated configs.
 
     Returns:
-        A :class:`ParetoResult`: per group one point per config with usable trials, whether it is on
-        the front and its bootstrap probability of being there, plus caveats (single repeats, configs
-        left out for lack of data).
+        A :class:`ParetoResult`: per group one point per config with usable trials (or only the
+        front's, see ``points``), whether it is on the front and its bootstrap probability of being
+        there, plus caveats (single repeats, configs left out for lack of data).
     """
     metrics = tuple(metrics)
     if len(metrics) not in (2, 3):
         raise AnalysisInputError(f"a front needs 2 or 3 metrics, got {len(metrics)}: {list(metrics)}")
     if len(set(metrics)) != len(metrics):
         raise AnalysisInputError(f"metrics repeat: {list(metrics)}")
+    if points not in ("all", "front"):
+        raise AnalysisInputError(f"points must be 'all' or 'front', got {points!r}")
     senses = tuple(metric_sense(m) for m in metrics)
-    df = trial_table(ds) if table is None else table
+    if table is None:
+        df = lean_table(ds, [*base_columns(by), *metrics])
+    else:
+        df = table
     notes = Notes()
-    groups = config_groups(df, metrics, by, status=status, with_trials=n_boot > 0)
+    groups = config_groups(df, metrics, by, status=status, with_trials=n_boot > 0,
+                           source=ds if table is None else None)
     out: list[ParetoGroup] = []
     n_single = 0
     for g in groups:
@@ -412,18 +532,21 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
                 hits += pareto_mask(boot[b], senses)
             p = hits / n_boot
         n_single += int((g.counts[idx] == 1).sum())
-        params = param_values(df, g.first_rows[idx])
-        points = [
-            ParetoPoint(config_id=str(g.config_ids[c]), label=g.labels[c], params=params[i],
+        listed = np.arange(len(idx)) if points == "all" else np.flatnonzero(mask)
+        params = (param_values(df, g.first_rows[idx[listed]]) if table is not None
+                  else _dataset_param_values(ds, df, g.first_rows[idx[listed]]))
+        pts = [
+            ParetoPoint(config_id=str(g.config_ids[c]), label=g.labels[c], params=params[k],
                         values={m: float(g.medians[c, j]) for j, m in enumerate(metrics)}, on_front=bool(mask[i]),
                         p_front=None if n_boot <= 0 else float(p[i]), n_repeats=int(g.counts[c]))
-            for i, c in enumerate(idx)
+            for k, (i, c) in enumerate(zip(listed.tolist(), idx[listed].tolist()))
         ]
         n_without = int((~has).sum())
         if n_without:
             notes.warn("no_data", f"{n_without} config(s) had no {status} trial with every metric of "
                                   f"{', '.join(metrics)} measured; they are not on the plot", _subject(g.key))
-        out.append(ParetoGroup(group=g.key, points=points, n_front=int(mask.sum()), n_without_data=n_without))
+        out.append(ParetoGroup(group=g.key, points=pts, n_front=int(mask.sum()), n_without_data=n_without,
+                               n_points=len(idx)))
     if n_single and n_boot > 0:
         notes.warn("single_repeat", f"{n_single} config(s) have a single repeat: their probability of being on the "
                                     "front can only be 0 or 1 (one trial has no spread to resample), so it says "

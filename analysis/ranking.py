@@ -49,10 +49,11 @@ single repeat of either, or without a bootstrap, it cannot be told and the resul
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,8 @@ import pandas as pd
 import xarray as xr
 
 from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
-from analysis.frame import AnalysisInputError, metric_sense, quantile_column, trial_table
-from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups
+from analysis.frame import AnalysisInputError, lean_table, metric_sense, quantile_column, table_columns
+from analysis.pareto import ConfigGroup, base_columns, bootstrap_medians, config_groups
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ class RankedGroup:
 
     ``margin`` is the #1 - #2 score difference with its bootstrap interval (None where it cannot be
     computed); ``p_order`` the fraction of resamples ranking #1 above #2; ``sentence`` says in words
-    whether #1 is distinguishable from #2.
+    whether #1 is distinguishable from #2. ``n_ranked`` is how many configs the ranking orders;
+    ``rows`` lists all of them, or the first ``top`` (see :func:`rank`).
     """
 
     group: dict[str, str]
@@ -112,6 +114,7 @@ class RankedGroup:
     sentence: str
     margin: Interval | None = None
     p_order: float | None = None
+    n_ranked: int = -1
 
 
 @dataclass(frozen=True)
@@ -325,7 +328,7 @@ def _slos_of(ds: xr.Dataset, slos: list[dict[str, Any]] | None) -> list[dict[str
     return [dict(s) for s in data]
 
 
-def _slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame) -> list[tuple[str, float]]:
+def _slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame | Container[str]) -> list[tuple[str, float]]:
     out = []
     for s in slos:
         if "metric" not in s or "max_ms" not in s:
@@ -374,7 +377,7 @@ def _best(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
 def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None = None,
          weights: dict[str, float] | None = None, slos: list[dict[str, Any]] | None = None, n_boot: int = 1000,
          seed: int = 0, by: Sequence[str] = ("load_point", "hardware_class"), latency: str | None = None,
-         table: pd.DataFrame | None = None) -> RankingResult:
+         table: pd.DataFrame | None = None, top: int | None = None) -> RankingResult:
     """Rank engine configs per scenario x hardware class under ``policy``.
 
     Args:
@@ -392,6 +395,12 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
         latency: for ``knee``: the latency axis (default the first SLO's column, else ``ttft_ms_p99``).
         table: the trial table of ``ds`` if already built (switching policies then costs no re-flattening;
             its grouping is cached while the object lives, so do not modify it in place between calls).
+            Without it only the columns the policy needs are flattened
+            (:func:`analysis.frame.trial_table`'s ``columns``).
+        top: list only the first ``top`` rows of every group (None: all). The order, #1 vs #2
+            distinguishability and every listed row are exactly those of the full ranking;
+            ``n_ranked`` still counts every config. For large experiments: no row object for each
+            of hundreds of thousands of configs.
 
     Returns:
         A :class:`RankingResult` with the ordered rows of every group, whether #1 is distinguishable
@@ -402,19 +411,29 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
     """
     if policy not in POLICIES:
         raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(POLICIES)}")
-    df = trial_table(ds) if table is None else table
+    if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 0):
+        raise AnalysisInputError(f"top must be a whole number >= 0 or None, got {top!r}")
+    have: pd.DataFrame | Container[str] = set(table_columns(ds)) if table is None else table
     obj = _objective_of(ds, objective)
     metric_sense(obj)
-    if obj not in df:
+    if obj not in have:
         raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
     slo_list = _slos_of(ds, slos)
-    req = _Request(obj, weights, _slo_columns(slo_list, df), latency)
+    req = _Request(obj, weights, _slo_columns(slo_list, have), latency)
     plan = POLICIES[policy].plan(req)
+    if table is None:
+        needs = [*base_columns(by), obj, *plan.columns]
+        if plan.derived or plan.needs_price:
+            needs += ["gpus", "gpu_hour_price"]
+        df = lean_table(ds, needs)
+    else:
+        df = table
     notes = Notes()
     if plan.gate == [] and policy in ("slo_throughput", "per_gpu", "per_cost") and not slo_list:
         notes.warn("no_slos", f"no SLOs are defined, so {policy} ranks by {plan.score_name} alone")
     extra = {name: fn(df) for name, fn in plan.derived.items()}
-    groups = config_groups(df, plan.columns, by, with_trials=n_boot > 0, extra=extra)
+    groups = config_groups(df, plan.columns, by, with_trials=n_boot > 0, extra=extra,
+                           source=ds if table is None else None)
     out: list[RankedGroup] = []
     n_single = n_two = 0
     for g in groups:
@@ -423,9 +442,9 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
             msg = (f"no price per GPU-hour is given for {hw}, so configs cannot be ranked per dollar here "
                    "(add gpu_hour_prices to the spec; prices are never invented)")
             notes.warn("no_prices", msg, _subject(g.key))
-            out.append(RankedGroup(g.key, [], False, msg))
+            out.append(RankedGroup(g.key, [], False, msg, n_ranked=0))
             continue
-        ranked, single = _rank_group(g, plan, n_boot, seed)
+        ranked, single = _rank_group(g, plan, n_boot, seed, top)
         n_single += single
         n_two += int((g.counts == 2).sum())
         out.append(ranked)
@@ -453,7 +472,8 @@ def _subject(key: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in key.items())
 
 
-def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[RankedGroup, int]:
+def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int,
+                top: int | None = None) -> tuple[RankedGroup, int]:
     has = g.counts > 0
     sense = plan.sense
     score = plan.score(g.medians) * sense  # higher is better from here on
@@ -471,7 +491,7 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[Ra
         p_best = np.bincount(best, minlength=len(has)) / n_boot
     single = has & (g.counts == 1)
     rows: list[RankedRow] = []
-    for r, c in enumerate(order, start=1):
+    for r, c in enumerate(order[:top].tolist() if top is not None else order.tolist(), start=1):
         est = float(score[c] * sense)
         if boot_score is not None and has[c] and not single[c]:
             iv = percentile_interval(boot_score[:, c] * sense, estimate=est, level=LEVEL)
@@ -486,14 +506,13 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int) -> tuple[Ra
             p_best=None if boot_score is None else float(p_best[c]),
             values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}))
     group = _distinguish(g, plan, order, tier, score, boot_tier, boot_score, single, rows, n_boot)
-    return group, int(single.sum())
+    return dataclasses.replace(group, n_ranked=len(order)), int(single.sum())
 
 
 def _distinguish(g: ConfigGroup, plan: _Plan, order: np.ndarray, tier: np.ndarray, score: np.ndarray,
                  boot_tier: np.ndarray | None, boot_score: np.ndarray | None, single: np.ndarray,
                  rows: list[RankedRow], n_boot: int) -> RankedGroup:
-    measured = [int(c) for c in order if tier[c] != _NO_DATA]
-    if not measured:
+    if not bool((tier != _NO_DATA).any()):
         return RankedGroup(g.key, rows, False, "no config has a usable trial in this group, so there is no #1")
     first = int(order[0])
     name1 = f"#1 ({g.labels[first]})"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from analysis.common import claim_for, context_of, design_of, jsonable
@@ -83,8 +84,8 @@ def analyze(
         "timings_s": {},
     }
     sections: list[tuple[str, Callable[[], Any]]] = [
-        ("pareto", lambda: _pareto(ds)),
-        ("ranking", lambda: _ranking(ds, policy, seed)),
+        ("pareto", lambda: _pareto(ds, df)),
+        ("ranking", lambda: _ranking(ds, policy, seed, df)),
         ("importance", lambda: _importance(ds, metric, lp, n_boot, seed)),
         ("partial_dependence", lambda: _pd(ds, params, metric, lp, seed)),
         ("interactions", lambda: _interactions(ds, params, metric, lp, seed)),
@@ -143,16 +144,16 @@ def _collect(doc: dict[str, Any], key: str) -> list[Any]:
     return found
 
 
-def _pareto(ds: xr.Dataset) -> Any:
+def _pareto(ds: xr.Dataset, df: pd.DataFrame) -> Any:
     from analysis.pareto import front
 
-    return jsonable(front(ds, metrics=("output_throughput", "ttft_ms_p99")))
+    return jsonable(front(ds, metrics=("output_throughput", "ttft_ms_p99"), table=df))
 
 
-def _ranking(ds: xr.Dataset, policy: str, seed: int) -> Any:
+def _ranking(ds: xr.Dataset, policy: str, seed: int, df: pd.DataFrame) -> Any:
     from analysis.ranking import rank
 
-    return jsonable(rank(ds, policy=policy, seed=seed))
+    return jsonable(rank(ds, policy=policy, seed=seed, table=df))
 
 
 def _importance(ds: xr.Dataset, metric: str, lp: str | None, n_boot: int, seed: int) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,3 +137,81 @@ def test_unset_environment_variable_is_a_level_of_its_own() -> None:
     p = {q.name: q for q in parameters(ds)}["env.VLLM_LOGGING_LEVEL"]
     assert p.kind == "categorical" and p.levels == ("", "NOT_A_LEVEL")
     assert p.encode(np.array(["", "NOT_A_LEVEL", None], dtype=object)).tolist() == [0.0, 1.0, 0.0]
+
+
+# --- the lean table and the vectorised encoding --------------------------------------------------------
+
+
+def test_lean_trial_table_equals_the_full_tables_columns() -> None:
+    import pandas as pd
+
+    from analysis.frame import DERIVED_COLUMNS, lean_table, table_columns
+
+    ds, _ = planted(n_configs=40, params=["max_num_seqs", "tensor_parallel_size", "dtype"], seed=4, repeats=2,
+                    hardware_classes=("sim-gpu-a", "sim-gpu-b"), gpu_hour_prices={"sim-gpu-a": 2.0},
+                    load_points=("x", "y"), baseline_every=5)
+    full = trial_table(ds)
+    assert list(full.columns) == table_columns(ds)
+    for cols in (table_columns(ds)[::-1], ["config_id", "ttft_ms_p99", "output_tokens_per_dollar", "status"],
+                 list(DERIVED_COLUMNS), ["gpus"], ["status", "status"]):
+        want = list(dict.fromkeys(cols))
+        pd.testing.assert_frame_equal(trial_table(ds, columns=cols), full[want])
+        lean = lean_table(ds, cols)  # text kept as numpy objects: the same values
+        assert list(lean.columns) == want
+        for c in want:
+            a, b = lean[c].to_numpy(dtype=object), full[c].to_numpy(dtype=object)
+            assert all((x == y) or (x != x and y != y) for x, y in zip(a, b)), c
+    # names the dataset lacks are left out (the caller's own check names them)
+    assert list(trial_table(ds, columns=["no_such", "config_id"]).columns) == ["config_id"]
+
+
+def _encode_reference(p: Any, values: Any) -> np.ndarray:
+    """The encoding as it was written before vectorising (one value at a time)."""
+    from analysis.frame import _missing, _truthy
+
+    arr = np.asarray(values, dtype=object)
+    out = np.full(len(arr), np.nan)
+    default = p.levels.index("") if p.kind == "categorical" and "" in p.levels else None
+    for i, v in enumerate(arr):
+        if _missing(v):
+            if default is not None:
+                out[i] = float(default)
+            continue
+        if p.kind == "numeric":
+            out[i] = math.log2(float(v)) if p.log else float(v)
+        elif p.kind == "bool":
+            out[i] = 1.0 if _truthy(v) else 0.0
+        else:
+            out[i] = float(p.levels.index(v)) if v in p.levels else np.nan
+    return out
+
+
+def test_vectorised_encode_is_unchanged() -> None:
+    import pandas as pd
+
+    from analysis.frame import Parameter
+
+    rng = np.random.default_rng(0)
+    log_p = Parameter("max_num_seqs", "param_max_num_seqs", "numeric", (4, 8, 256), log=True)
+    lin_p = Parameter("gpu_memory_utilization", "param_gpu_memory_utilization", "numeric", (0.8, 0.9))
+    bool_p = Parameter("enforce_eager", "param_enforce_eager", "bool", (False, True))
+    cat_p = Parameter("dtype", "param_dtype", "categorical", ("bfloat16", "float16"))
+    env_p = Parameter("env.X", "param_env.X", "categorical", ("", "a", "b"))
+    wide = rng.random(5000) * 1e4 + 1.0
+    cases: list[tuple[Parameter, Any]] = [
+        (log_p, np.array([4, 8, 256, 8], dtype=np.int64)),
+        (log_p, np.array([4.0, np.nan, 256.0, 3.3])),
+        (log_p, wide), (log_p, pd.Series(wide)),
+        (log_p, [4, None, "", 8.0, "16"]),
+        (lin_p, np.array([0.8, np.nan, 0.9])), (lin_p, [0.8, None, "0.85"]),
+        (bool_p, np.array([True, False, True])), (bool_p, np.array([1.0, 0.0, np.nan, 2.0])),
+        (bool_p, ["true", "False", "1", "no", None, "", True, 0]),
+        (cat_p, np.array(["float16", "", None, "bfloat16", "int8"], dtype=object)),
+        (cat_p, pd.Series(["float16", "bfloat16", None])), (cat_p, np.array(["float16", "bfloat16"])),
+        (env_p, np.array(["a", "", None, "b", float("nan"), "c"], dtype=object)), (env_p, []),
+    ]
+    for p, values in cases:
+        got = p.encode(values)
+        ref = _encode_reference(p, values.to_numpy(dtype=object) if isinstance(values, pd.Series) else values)
+        assert got.dtype == np.float64 and got.shape == ref.shape
+        np.testing.assert_array_equal(got, ref)  # bit for bit, NaN where NaN

@@ -225,3 +225,67 @@ def test_planted_truth_the_best_true_throughput_is_on_the_front() -> None:
         best = max(true.values())
         hits += any(p.on_front for p in pts if true[p.config_id] >= best - 1e-9)
     assert hits == 5
+
+
+# --- the lean paths for large experiments: the same answers ---------------------------------------------
+
+
+def _planted_mixed(seed: int) -> xr.Dataset:
+    ds, _ = planted(n_configs=40, repeats=3, seed=seed, load_points=("a", "b"), hardware_classes=("h1", "h2"),
+                    baseline_every=7, params=["max_num_seqs", "tensor_parallel_size", "dtype", "block_size"],
+                    gpu_hour_prices={"h1": 2.0})
+    return ds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_front_without_a_table_equals_front_on_the_full_table(seed: int) -> None:
+    from analysis.common import jsonable
+    from analysis.frame import trial_table
+    from analysis.pareto import clear_cache
+
+    ds = _planted_mixed(seed)
+    for metrics in (("output_throughput", "ttft_ms_p99"), ("output_tokens_per_gpu", "output_tokens_per_user"),
+                    ("output_throughput", "ttft_ms_p99", "tpot_ms_p50")):
+        for n_boot in (0, 30):
+            clear_cache()
+            lean = front(ds, metrics=metrics, n_boot=n_boot, seed=seed)
+            full = front(ds, metrics=metrics, n_boot=n_boot, seed=seed, table=trial_table(ds))
+            assert json.dumps(jsonable(lean), sort_keys=True) == json.dumps(jsonable(full), sort_keys=True)
+            assert lean == full
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_points_front_lists_exactly_the_front_points_of_points_all(seed: int) -> None:
+    from analysis.frame import trial_table
+
+    ds = _planted_mixed(seed)
+    for n_boot in (0, 25):
+        every = front(ds, n_boot=n_boot, seed=seed)
+        only = front(ds, n_boot=n_boot, seed=seed, points="front")
+        shared = front(ds, n_boot=n_boot, seed=seed, points="front", table=trial_table(ds))
+        assert len(every.groups) == len(only.groups) == 4
+        for ga, gf, gs in zip(every.groups, only.groups, shared.groups):
+            assert gf.points == [p for p in ga.points if p.on_front] == gs.points
+            assert gf.n_front == ga.n_front == len(gf.points) > 0
+            assert gf.n_points == ga.n_points == len(ga.points)
+            assert gf.n_without_data == ga.n_without_data
+        assert only.warnings == every.warnings
+    with pytest.raises(AnalysisInputError, match="points"):
+        front(ds, points="some")  # type: ignore[arg-type]
+
+
+def test_factorize_gives_pandas_sorted_codes() -> None:
+    import pandas as pd
+
+    from analysis.pareto import _factorize
+
+    rng = np.random.default_rng(0)
+    ids = np.asarray([f"cfg-{i:03d}" for i in rng.integers(0, 300, 2000)], dtype=object)
+    cases = [ids, np.asarray(["b", "a", "b", None, "c", "a"], dtype=object),
+             np.asarray(["x"] * 5, dtype=object), np.asarray([3, 1, 2, 1], dtype=object),
+             np.asarray(["é", "e", "Z", "a", "ä"], dtype=object), np.asarray([], dtype=object)]
+    for values in cases:
+        codes, uniq = _factorize(values)
+        want_codes, want_uniq = pd.factorize(values, sort=True)
+        assert codes.tolist() == np.asarray(want_codes).tolist()
+        assert list(uniq) == list(want_uniq)

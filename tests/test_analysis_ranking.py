@@ -249,3 +249,56 @@ def test_a_config_that_sometimes_fails_ranks_after_reliable_ones() -> None:
     assert reliable and flaky
     assert max(r.rank for r in reliable) < min(r.rank for r in flaky)
     assert max(r.score.estimate for r in flaky) > rows[0].score.estimate, "the planted flaky configs are faster"
+
+
+# --- the lean paths for large experiments: the same answers ---------------------------------------------
+
+
+def _planted_mixed(seed: int) -> Any:
+    ds, _ = planted(n_configs=40, repeats=3, seed=seed, load_points=("a", "b"), hardware_classes=("h1", "h2"),
+                    baseline_every=7, params=["max_num_seqs", "tensor_parallel_size", "dtype", "block_size"],
+                    gpu_hour_prices={"h1": 2.0})
+    return ds
+
+
+POLICY_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("slo_throughput", {}), ("goodput", {}), ("knee", {}), ("weighted", {}),
+    ("weighted", {"weights": {"output_tokens_per_user": 1.0, "tpot_ms_p90": 2.0}}), ("per_gpu", {}),
+    ("per_cost", {}), ("slo_throughput", {"slos": []}),
+    ("slo_throughput", {"slos": [{"metric": "tpot_ms", "percentile": 90, "max_ms": 12.0}]}),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rank_without_a_table_equals_rank_on_the_full_table(seed: int) -> None:
+    import json
+
+    from analysis.pareto import clear_cache
+
+    ds = _planted_mixed(seed)
+    for policy, kw in POLICY_CASES:
+        for n_boot in (0, 30):
+            clear_cache()
+            lean = rank(ds, policy=policy, n_boot=n_boot, seed=seed, **kw)
+            full = rank(ds, policy=policy, n_boot=n_boot, seed=seed, table=trial_table(ds), **kw)
+            assert json.dumps(jsonable(lean), sort_keys=True) == json.dumps(jsonable(full), sort_keys=True), policy
+            assert [g.n_ranked for g in lean.groups] == [len(g.rows) for g in full.groups]
+
+
+@pytest.mark.parametrize("top", [0, 1, 2, 5, 1000])
+def test_top_k_lists_the_first_k_rows_of_the_full_ranking(top: int) -> None:
+    ds = _planted_mixed(4)
+    for policy, kw in POLICY_CASES[:4] + POLICY_CASES[6:7]:
+        for n_boot in (0, 30):
+            full = rank(ds, policy=policy, n_boot=n_boot, seed=4, **kw)
+            some = rank(ds, policy=policy, n_boot=n_boot, seed=4, top=top, **kw)
+            shared = rank(ds, policy=policy, n_boot=n_boot, seed=4, top=top, table=trial_table(ds), **kw)
+            assert some == shared
+            assert some.warnings == full.warnings
+            for gf, gs in zip(full.groups, some.groups):
+                assert gs.rows == gf.rows[:top]
+                assert gs.n_ranked == len(gf.rows)
+                assert (gs.distinguishable, gs.sentence, gs.margin, gs.p_order) == \
+                    (gf.distinguishable, gf.sentence, gf.margin, gf.p_order)
+    with pytest.raises(AnalysisInputError, match="top"):
+        rank(ds, top=-1)

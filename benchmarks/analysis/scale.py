@@ -10,12 +10,16 @@ Every run starts cold: the surrogate cache (:func:`analysis.surrogate.clear_cach
 so no run reuses an earlier run's forest fits.
 
 (b) the million-trial dataset is built column by column with numpy
-(:func:`benchmarks.analysis.bigdata.vectorised`; generation is not timed). Timed: the trial table
-(:func:`analysis.frame.trial_table`, once), then from it the Pareto front of output throughput vs p99
-TTFT (``front(..., n_boot=0, table=df)``) and the ranking by throughput subject to the spec's SLO
-(``rank(policy="slo_throughput", n_boot=0, table=df)``); their sum is the figure held to the target.
-Also timed: both calls from the dataset alone (each flattening it itself), and
-:func:`analysis.pareto.pareto_mask` on the two raw columns (the floor of any 2-D front).
+(:func:`benchmarks.analysis.bigdata.vectorised`; generation is not timed). Timed, the figure held to
+the target: the call a user makes at this scale, each from the dataset: the Pareto front of output
+throughput vs p99 TTFT listing the front's configs (``front(ds, ..., n_boot=0, points="front")``)
+then the ranking by throughput subject to the spec's SLO listing its first ``TOP`` rows
+(``rank(ds, policy="slo_throughput", n_boot=0, top=10)``). Every run starts with no cached grouping
+(:func:`analysis.pareto.clear_cache`); rank then reuses the grouping front computed on the same
+dataset. Also timed: the same two calls sharing one full trial table
+(:func:`analysis.frame.trial_table`), both calls with their defaults (every config's point and row
+materialised), and :func:`analysis.pareto.pareto_mask` on the two raw columns (the floor of any 2-D
+front).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import numpy as np
 from benchmarks.analysis.util import median, say, timed
 
 PARETO_METRICS = ("output_throughput", "ttft_ms_p99")
+#: rows of the ranking a user reads at this scale (the order and #1 vs #2 are computed over every config)
+TOP = 10
 
 
 def _profile(fn: Any, top: int = 25) -> dict[str, Any]:
@@ -113,7 +119,7 @@ def million(n_configs: int = 250_000, repeats_per_config: int = 4, runs: int = 3
             profile: bool = False, planted_check: int = 100_000, from_ds: bool = True) -> dict[str, Any]:
     """Part (b): Pareto front + SLO ranking on ``n_configs * repeats_per_config`` trials, ``runs`` times."""
     from analysis.frame import trial_table
-    from analysis.pareto import front, pareto_mask
+    from analysis.pareto import clear_cache, front, pareto_mask
     from analysis.ranking import rank
     from benchmarks.analysis.bigdata import vectorised
 
@@ -130,8 +136,8 @@ def million(n_configs: int = 250_000, repeats_per_config: int = 4, runs: int = 3
     out["generate_s"] = gen_s
     out["trials"] = int(ds.sizes["trial"])
     out["ok"] = int((np.asarray(ds["status"].values) == "ok").sum())
-    steps: dict[str, list[float]] = {k: [] for k in ("trial_table", "front_table", "rank_table", "pareto_mask",
-                                                      "front_ds", "rank_ds")}
+    steps: dict[str, list[float]] = {k: [] for k in ("front_ds", "rank_ds", "trial_table", "front_table",
+                                                      "rank_table", "pareto_mask", "front_all_ds", "rank_all_ds")}
     fr: Any = None
     rk: Any = None
     # the raw 2-D front on the ok trials' two columns: the floor any front on this data costs
@@ -141,38 +147,55 @@ def million(n_configs: int = 250_000, repeats_per_config: int = 4, runs: int = 3
     values = np.column_stack([tp[okm], ttft[okm]])
     for r in range(runs):
         say(f"scale (b): run {r + 1}/{runs}")
+        # the realistic call: each from the dataset, cold (no grouping cached from an earlier run; rank
+        # reuses the grouping front computed on the same dataset, as it would in a user's session)
+        clear_cache()
+        fr, s = timed(partial(front, ds, metrics=PARETO_METRICS, n_boot=0, points="front"))
+        steps["front_ds"].append(s)
+        rk, s = timed(partial(rank, ds, policy="slo_throughput", n_boot=0, top=TOP))
+        steps["rank_ds"].append(s)
+        # the variant sharing one (full) trial table
+        clear_cache()
         df, s = timed(lambda: trial_table(ds))
         steps["trial_table"].append(s)
-        fr, s = timed(partial(front, ds, metrics=PARETO_METRICS, n_boot=0, table=df))
+        _, s = timed(partial(front, ds, metrics=PARETO_METRICS, n_boot=0, points="front", table=df))
         steps["front_table"].append(s)
-        rk, s = timed(partial(rank, ds, policy="slo_throughput", n_boot=0, table=df))
+        _, s = timed(partial(rank, ds, policy="slo_throughput", n_boot=0, top=TOP, table=df))
         steps["rank_table"].append(s)
+        del df
         m, s = timed(lambda: pareto_mask(values, (1, -1)))
         steps["pareto_mask"].append(s)
         if from_ds:
+            # the defaults: every config's point and every config's row materialised
+            clear_cache()
             _, s = timed(lambda: front(ds, metrics=PARETO_METRICS, n_boot=0))
-            steps["front_ds"].append(s)
+            steps["front_all_ds"].append(s)
             _, s = timed(lambda: rank(ds, policy="slo_throughput", n_boot=0))
-            steps["rank_ds"].append(s)
+            steps["rank_all_ds"].append(s)
         say("  " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in steps.items() if v))
         out["front_points_raw"] = int(np.asarray(m).sum())
+    out["top"] = TOP
     out["steps_s"] = steps
     out["steps_s_median"] = {k: median(v) for k, v in steps.items() if v}
-    out["pipeline_s"] = [a + b + c for a, b, c in zip(steps["trial_table"], steps["front_table"], steps["rank_table"])]
+    out["pipeline_s"] = [a + b for a, b in zip(steps["front_ds"], steps["rank_ds"])]
     out["pipeline_s_median"] = median(out["pipeline_s"])
+    out["shared_s"] = [a + b + c for a, b, c in zip(steps["trial_table"], steps["front_table"], steps["rank_table"])]
+    out["shared_s_median"] = median(out["shared_s"])
     if from_ds:
-        out["from_ds_s_median"] = median([a + b for a, b in zip(steps["front_ds"], steps["rank_ds"])])
-    out["front_summary"] = {"configs": sum(len(g.points) for g in fr.groups), "on_front": sum(g.n_front for g in fr.groups),
+        out["all_ds_s_median"] = median([a + b for a, b in zip(steps["front_all_ds"], steps["rank_all_ds"])])
+    out["front_summary"] = {"configs": sum(g.n_points for g in fr.groups), "on_front": sum(g.n_front for g in fr.groups),
+                            "listed": sum(len(g.points) for g in fr.groups),
                             "warnings": [w.code for w in fr.warnings], "subsampled": [vars(x) for x in fr.subsampled]}
-    out["rank_summary"] = {"configs": sum(len(g.rows) for g in rk.groups),
+    out["rank_summary"] = {"configs": sum(g.n_ranked for g in rk.groups), "listed": sum(len(g.rows) for g in rk.groups),
+                           "distinguishable": [g.sentence for g in rk.groups],
                            "warnings": [w.code for w in rk.warnings], "subsampled": [vars(x) for x in rk.subsampled]}
     if profile:
-        say("scale (b): cProfile of trial_table + front + rank")
+        say("scale (b): cProfile of front + rank from the dataset")
 
         def pipeline() -> None:
-            df = trial_table(ds)
-            front(ds, metrics=PARETO_METRICS, n_boot=0, table=df)
-            rank(ds, policy="slo_throughput", n_boot=0, table=df)
+            clear_cache()
+            front(ds, metrics=PARETO_METRICS, n_boot=0, points="front")
+            rank(ds, policy="slo_throughput", n_boot=0, top=TOP)
 
         out["profile"] = _profile(pipeline, top=25)
     return out
