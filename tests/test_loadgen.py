@@ -269,17 +269,6 @@ def canned(server: Canned) -> Canned:
     return server
 
 
-def host_noise_ms(n: int = 40) -> float:
-    """How late this host wakes a sleeping process (p90 overshoot of 2 ms sleeps, in ms): about
-    0.1 ms on a quiet machine, several ms when other processes hold both cores."""
-    late = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        time.sleep(0.002)
-        late.append((time.perf_counter() - t0) * 1e3 - 2.0)
-    return max(0.0, quantile(late, 0.9))
-
-
 def timing_attempts(canned: Canned, check: Callable[[Canned], None], attempts: int = 3) -> None:
     """Run a timing check up to ``attempts`` times; pass when one attempt passes.
 
@@ -609,10 +598,14 @@ def check_chat_stream_timing(canned: Canned, tokenizer_path: str) -> None:
         ttfts.append((s.first_token_ns or 0) / 1e6 - s.send_ns / 1e6)
     # the server's own first-chunk stamps are the truth (see the planted-delays test); the client
     # adds only the upload and the download of the chunk
-    server_ttfts = [(r["chunk_ns"][0] - r["recv_ns"]) / 1e6 for r in server]
-    slack = 4.0 * host_noise_ms()  # a starved host delays the client's own reading of the chunk
-    assert min(ttfts) >= ttft_ms and max(ttfts) < ttft_ms + 15 + slack, (ttfts, slack)
-    assert 0 < quantile(ttfts, 0.5) - quantile(server_ttfts, 0.5) < 3.0 + slack, (ttfts, server_ttfts, slack)
+    # The truth is the server's own stamp of its first chunk, as in the planted-delays test: the
+    # client's TTFT may exceed it only by the chunk's trip back. (Chat prompts are text, so requests
+    # are paired by order: the server received them in the order the client sent them.)
+    first_chunk = [r["chunk_ns"][0] for r in sorted(server, key=lambda r: r["recv_ns"])]
+    by_send = sorted(res.samples, key=lambda s: s.send_ns)
+    client_err = [((s.first_token_ns or 0) - c) / 1e6 for s, c in zip(by_send, first_chunk)]
+    assert min(ttfts) >= ttft_ms and max(ttfts) < ttft_ms + 15, ttfts
+    assert 0 < quantile(client_err, 0.5) < 1.0, client_err
     m = summarize(res.samples, res.window_s)
     assert abs(m.mean_itl_ms - itl_ms) < 1.0, m.mean_itl_ms
 
