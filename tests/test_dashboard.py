@@ -295,10 +295,12 @@ def test_switching_the_ranking_policy_changes_the_winner(served: Served, browser
     fast, respecting = served.trap
     tab = Page(browser, served.url("page=ranking&experiment=slo-trap&policy=slo_throughput"))
     try:
-        winner = tab.page.locator(".st-winner").first
-        winner.wait_for(state="attached")
-        assert respecting in winner.inner_text(), (
-            f"slo_throughput must crown the best config meeting the SLO ({respecting}), got {winner.inner_text()!r}")
+        try:  # the winner box is attached first and filled when the background ranking lands
+            tab.page.locator(".st-winner", has_text=respecting).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        except Exception as exc:
+            shown = [w.inner_text() for w in tab.page.locator(".st-winner").all()]
+            raise AssertionError(f"slo_throughput must crown the best config meeting the SLO ({respecting}); "
+                                 f"the page shows {shown}") from exc
         assert "vllm serve" in tab.page.locator(".st-command textarea").first.input_value()
         tab.page.wait_for_timeout(500)
         tab.page.locator(".st-policy select").first.select_option("goodput")
