@@ -36,7 +36,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -385,11 +385,14 @@ def _pareto_plot(group: dict[str, Any], metrics: list[str], senses: list[int],
                                    ylabel=f"{y_name} ({'higher' if senses[0] > 0 else 'lower'} is better)"), note
 
 
-def _ranking_html(doc: dict[str, Any], commands: dict[str, str]) -> str:
-    ranking = doc.get("ranking", {})
-    skipped = _skipped(ranking)
-    if skipped:
-        return f"<h2>Ranking</h2><p>Skipped: {_e(skipped)}</p>"
+def _section_html(doc: dict[str, Any], key: str, title: str, render: Callable[[dict[str, Any]], str]) -> str:
+    """Section ``doc[key]`` drawn by ``render``; a section the analysis skipped shows ``title`` and the reason."""
+    section = doc.get(key, {})
+    skipped = _skipped(section)
+    return f"<h2>{title}</h2><p>Skipped: {_e(skipped)}</p>" if skipped else render(section)
+
+
+def _ranking_html(ranking: dict[str, Any], doc: dict[str, Any], commands: dict[str, str]) -> str:
     slos = ", ".join(f"{s['metric']} p{_num(s['percentile'])} ≤ {_num(s['max_ms'])} ms" for s in ranking.get("slos", []))
     parts = [f"<h2>Ranking: {_e(ranking.get('policy'))} (from the {_e(doc.get('policy_source', 'spec'))})</h2>",
              f"<p>{_e(ranking.get('description', ''))}; objective {_e(ranking.get('objective'))}; "
@@ -431,11 +434,7 @@ def _trial_note(row: dict[str, Any]) -> str:
             f"beside {row.get('n_ok', 0)} ok")
 
 
-def _importance_html(doc: dict[str, Any]) -> str:
-    imp = doc.get("importance", {})
-    skipped = _skipped(imp)
-    if skipped:
-        return f"<h2>Parameter importance</h2><p>Skipped: {_e(skipped)}</p>"
+def _importance_html(imp: dict[str, Any]) -> str:
     claim = imp.get("claim", {})
     rows = [[_e(p["name"]), _e(_interval(p.get("permutation"))), _e(_interval(p.get("vs_probe"))),
              _e(_interval(p.get("shap"))), f"<b>{_e(p.get('verdict'))}</b>"] for p in imp.get("parameters", [])]
@@ -458,11 +457,7 @@ def _bar(iv: dict[str, Any] | None) -> str:
             f'width:{max(hi - lo, 0.5):.1f}%"></div><div class="est" style="left:{est:.1f}%"></div></div>')
 
 
-def _failure_html(doc: dict[str, Any]) -> str:
-    fail = doc.get("failure", {})
-    skipped = _skipped(fail)
-    if skipped:
-        return f"<h2>Failure map</h2><p>Skipped: {_e(skipped)}</p>"
+def _failure_html(fail: dict[str, Any]) -> str:
     kinds = [[_e(k["kind"]), _e(f"{k['failures']} of {k['of']}"), _e(_interval(k.get("rate"), pct=True)),
               "modelled" if k.get("modelled") else "counted, not blamed on configs"] for k in fail.get("by_kind", [])]
     parts = [f"<h2>Failure map</h2><p>Wilson {_e(_num(100 * float(fail.get('level', 0.95))))}% intervals per region; "
@@ -515,7 +510,9 @@ def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
                 items.append(pn.pane.HoloViews(plot, backend="bokeh"))
                 if note:
                     items.append(_html(f"<p>{_e(note)}</p>"))
-    items += [_html(_ranking_html(doc, commands)), _html(_importance_html(doc)), _html(_failure_html(doc)),
+    items += [_html(_section_html(doc, "ranking", "Ranking", lambda r: _ranking_html(r, doc, commands))),
+              _html(_section_html(doc, "importance", "Parameter importance", _importance_html)),
+              _html(_section_html(doc, "failure", "Failure map", _failure_html)),
               _html(_warnings_html(doc))]
     return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
 

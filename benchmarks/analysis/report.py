@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.analysis.scale import fmt_s
+from benchmarks.common import machine_table, replace_section
 
 BEGIN = "<!-- analysis:begin (written by `python -m benchmarks.analysis`; edits inside are overwritten) -->"
 END = "<!-- analysis:end -->"
@@ -251,9 +252,7 @@ def section(machine: dict[str, str], commands: list[str], started: str, wall_s: 
         f"Run on {started} (UTC), wall time {wall_s:.0f} s. Data are SYNTHETIC (`analysis.synthetic`: "
         "planted effects, known truth), never measurements.",
         "",
-        "| machine | |",
-        "| --- | --- |",
-        *[f"| {k} | {v} |" for k, v in machine.items()],
+        *machine_table(machine),
         "",
         *_load_note(machine),
     ]
@@ -267,11 +266,4 @@ def section(machine: dict[str, str], commands: list[str], started: str, wall_s: 
 
 def write_section(path: Path, text: str) -> None:
     """Replace the section between the markers in ``path``, or append it."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        new = head + text + (("\n" + tail) if tail else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new, encoding="utf-8")
+    replace_section(path, text, BEGIN, END)

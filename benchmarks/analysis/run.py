@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.analysis import report
-from benchmarks.analysis.util import REPO, machine, say, wait_for_quiet, write_json
+from benchmarks.analysis.util import machine, say, write_json
+from benchmarks.common import REPO, wait_for_quiet
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     mach = machine()
-    load, settled = wait_for_quiet(args.max_load, args.load_wait_s)
+    load, settled = wait_for_quiet(args.max_load, args.load_wait_s, say)
     mach["1-min load average at start"] = f"{load:.2f}" + ("" if settled else f" (never fell below {args.max_load:g})")
     imp = sc = None
     if args.part in ("importance", "all"):

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import median
 from benchmarks.loadgen.cpu import TreeCPU
-from benchmarks.loadgen.points import Point, ladder_done, median, requests_for
+from benchmarks.loadgen.points import Point, ladder_done, requests_for
 from benchmarks.loadgen.procs import BenchmarkError, Child, Children, tail
 from benchmarks.loadgen.sse import MODEL, OUTPUT_TOKENS, PROMPT_TOKENS
 

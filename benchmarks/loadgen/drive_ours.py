@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen.points import Point, ladder_done, median, requests_for
+from benchmarks.common import median
+from benchmarks.loadgen.points import Point, ladder_done, requests_for
 from benchmarks.loadgen.procs import progress, write_json
 from benchmarks.loadgen.sse import MODEL, OUTPUT_TOKENS, PROMPT_TOKENS
 from daemon.loadgen import run_load_point

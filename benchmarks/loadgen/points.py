@@ -112,11 +112,3 @@ def highest_sustained(ratios: Sequence[tuple[float, float]]) -> float | None:
 def requests_for(rate: float, seconds: float, min_requests: int) -> int:
     """Requests of one point: ``seconds`` of the offered rate, at least ``min_requests``."""
     return max(min_requests, round(rate * seconds))
-
-
-def median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    if not s:
-        raise ValueError("median of nothing")
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import machine_table, median, replace_section
 from benchmarks.loadgen.clients import ToolRun
-from benchmarks.loadgen.points import SUSTAINED_RATIO, Point, highest_sustained, median
+from benchmarks.loadgen.points import SUSTAINED_RATIO, Point, highest_sustained
 from benchmarks.loadgen.spy import SAMPLE_HZ, Profile
 from benchmarks.loadgen.timing import MAX_SEND_TO_RECV_MS, Accuracy
 
@@ -288,10 +289,8 @@ def render(
         "",
         f"Run on {meta['date']} (UTC), wall time {meta['wall_s']:.0f} s.",
         "",
-        "| machine | |",
-        "| --- | --- |",
+        *machine_table(meta["machine"]),
     ]
-    lines += [f"| {k} | {v} |" for k, v in meta["machine"].items()]
     lines += [
         "",
         "### Method",
@@ -327,11 +326,4 @@ def render(
 
 def update_results(path: Path, section: str) -> None:
     """Replace the loadgen section of ``path`` (or append it; create the file if missing)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    start = text.find(BEGIN)
-    end = text.find(END)
-    if start >= 0 and end > start:
-        text = text[:start] + section + text[end + len(END) :].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    replace_section(path, section, BEGIN, END, blank_line_after=False)

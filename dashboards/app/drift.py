@@ -12,8 +12,7 @@ import panel as pn
 
 from analysis.drift import DriftChart
 from analysis.frame import AnalysisInputError
-from dashboards.app import Context, esc, state, warnings_html
-from dashboards.app.pareto import metric_options
+from dashboards.app import Context, esc, experiment_page, warnings_html
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +41,7 @@ class DriftPage(pn.viewable.Viewer):
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(**params)
-        assert ctx.folder is not None
-        self.folder = ctx.folder
-        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
-        metrics = metric_options(self.df)
-        self.metric = pn.widgets.Select(name="metric", options=metrics,
-                                        value="output_throughput" if "output_throughput" in metrics else metrics[0])
+        self.folder, self.ds, self.df, self.metric = experiment_page(ctx, lambda ds: "output_throughput")
         self.body = pn.Column(sizing_mode="stretch_width")
         self.metric.param.watch(lambda e: self.update(), "value")
         self.update()

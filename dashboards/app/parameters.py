@@ -26,8 +26,7 @@ from analysis.frame import AnalysisInputError
 from analysis.importance import ImportanceResult, importance
 from analysis.interactions import InteractionResult, interactions
 from analysis.report import default_metric
-from dashboards.app import Context, claim_html, esc, on_result, state, warnings_html
-from dashboards.app.pareto import metric_options
+from dashboards.app import Context, claim_html, esc, experiment_page, on_result, state, warnings_html
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +132,7 @@ class ParametersPage(pn.viewable.Viewer):
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(**params)
-        assert ctx.folder is not None
-        self.folder = ctx.folder
-        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
-        metrics = metric_options(self.df)
-        dm = default_metric(self.ds)
-        self.metric = pn.widgets.Select(name="metric", options=metrics, value=dm if dm in metrics else metrics[0])
+        self.folder, self.ds, self.df, self.metric = experiment_page(ctx, default_metric)
         lps = sorted({str(v) for v in self.df["load_point"]})
         ok = self.df[(self.df["status"] == "ok")]
         main_lp = str(ok["load_point"].astype(str).value_counts().idxmax()) if len(ok) else (lps[0] if lps else "")
