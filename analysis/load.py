@@ -19,7 +19,10 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     """The dataset of ``experiment`` (its name, folder, spec file, or a ``results.nc`` path), fully read into memory.
 
     One row per trial on the ``trial`` dimension (its latest finished attempt or its hole);
-    latencies over ``quantile``. Raises :class:`ExperimentNotFoundError` when there is none.
+    latencies over ``quantile``. String variables are object arrays of ``str``, as the coordinator
+    built them, whichever layout the file has (:mod:`servetune.netcdf`: fixed-width char arrays,
+    or the variable-length strings of older files, which xarray reads as fixed-width unicode).
+    Raises :class:`ExperimentNotFoundError` when there is none.
     """
     direct = Path(experiment)
     if direct.suffix == ".nc" and direct.is_file():
@@ -31,6 +34,10 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
         raise ExperimentNotFoundError(f"experiment {path.parent} has no {DATASET_FILE} yet")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         loaded = ds.load()
+    unicode = {name: var.astype(object) for name, var in loaded.variables.items() if var.dtype.kind == "U"}
+    if unicode:  # a file with variable-length strings (written before servetune.netcdf)
+        loaded = loaded.assign_coords({k: v for k, v in unicode.items() if k in loaded.coords})
+        loaded = loaded.assign({k: v for k, v in unicode.items() if k not in loaded.coords})
     version = int(loaded.attrs.get("schema_version", 0))
     if version != SCHEMA_VERSION:
         raise ExperimentNotFoundError(f"{path} has schema version {version}; this servetune reads {SCHEMA_VERSION}")

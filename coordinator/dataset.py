@@ -21,6 +21,7 @@ import xarray as xr
 from coordinator.store import AttemptRow, Store, now_us
 from servetune.canonical import canonical_json
 from servetune.metrics import DEFAULT_QUANTILES
+from servetune.netcdf import write_netcdf
 from servetune.schema import DATASET_FILE, QUANTILE_VARIABLES, SCALAR_VARIABLES, SCHEMA_VERSION
 from servetune.spec import ENGINE_ARG_NAMES
 
@@ -170,15 +171,29 @@ def _array(values: list[Any]) -> np.ndarray:
     return np.asarray(["" if v is None else str(v) for v in values], dtype=object)
 
 
+def _without_nul(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with NUL characters in its strings replaced by U+FFFD (netCDF cannot store them; a
+    server's log tail in an error message may hold one). The result records keep the raw text."""
+    fixed: dict[str, Any] = {}
+    for name, var in ds.variables.items():
+        if var.dtype == object and any(isinstance(v, str) and "\x00" in v for v in var.values.ravel().tolist()):
+            clean = [v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in var.values.ravel().tolist()]
+            fixed[str(name)] = var.copy(data=np.asarray(clean, dtype=object).reshape(var.shape))
+            log.warning("dataset variable %s: NUL characters replaced by U+FFFD", name)
+    if not fixed:
+        return ds
+    return ds.assign_coords({k: v for k, v in fixed.items() if k in ds.coords}).assign(
+        {k: v for k, v in fixed.items() if k not in ds.coords})
+
+
 def write_dataset(store: Store) -> Path:
     """Rebuild ``results.nc`` and replace it atomically; returns its path."""
-    ds = build_dataset(store)
+    ds = _without_nul(build_dataset(store))
     final = store.folder / DATASET_FILE
     fd, tmp = tempfile.mkstemp(prefix=".results-", suffix=".nc", dir=store.folder)
     os.close(fd)
     try:
-        encoding = {k: {"dtype": str} for k, v in ds.coords.items() if v.dtype == object}
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)  # type: ignore[arg-type]
+        write_netcdf(ds, tmp)  # strings as fixed-width char arrays where that pays (servetune.netcdf)
         os.replace(tmp, final)
     except BaseException:
         if os.path.exists(tmp):

@@ -42,6 +42,7 @@ from nbclient.exceptions import CellExecutionError
 
 import analysis
 from analysis.synthetic import INTERACTION, log_throughput, planted
+from servetune.netcdf import write_netcdf
 from tests.conftest import ARTIFACTS, REPO, SweepRun
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,7 @@ def write_experiment(ds: xr.Dataset, path: Path, name: str) -> Path:
     ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], name, dtype=object)))
     ds.attrs["experiment"] = name
     path.parent.mkdir(parents=True, exist_ok=True)
-    encoding = {k: {"dtype": str} for k, v in ds.coords.items() if v.dtype == object}
-    ds.to_netcdf(path, engine="h5netcdf", encoding=encoding)  # type: ignore[arg-type]
+    write_netcdf(ds, path)
     return path
 
 

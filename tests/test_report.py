@@ -25,6 +25,7 @@ import analysis
 from analysis.ranking import rank
 from analysis.synthetic import planted
 from dashboards.report import OfflineError, external_references, make_offline
+from servetune.netcdf import write_netcdf
 from tests.conftest import ARTIFACTS, SweepRun, coordinator_cmd
 
 CHROMIUM = "/usr/bin/chromium"
@@ -131,7 +132,7 @@ def test_report_of_the_real_sweep_opens_offline(e2e_sweep: SweepRun, browser: Br
 def test_report_of_planted_data_opens_offline(browser: Browser, tmp_path: Path) -> None:
     ds, truth = planted(n_configs=120, n_params=6, repeats=2, seed=11)
     nc = tmp_path / "results.nc"
-    ds.to_netcdf(nc, engine="h5netcdf")
+    write_netcdf(ds, nc)
     out = _report([sys.executable, "-m", "dashboards", "report", str(nc)], tmp_path, "planted.html")
     label, _ = _winner(ds)
     with open_offline(browser, out) as visit:
