@@ -29,6 +29,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from servetune.netcdf import write_netcdf
+from tests.conftest import cli_env, coordinator_cmd
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -47,7 +50,7 @@ def write_dataset(ds: xr.Dataset, folder: Path, name: str) -> Path:
     ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], name, dtype=object)))
     ds.attrs["experiment"] = name
     tmp = folder / ".results.nc.tmp"
-    ds.to_netcdf(tmp, engine="h5netcdf")
+    write_netcdf(ds, tmp)
     os.replace(tmp, folder / "results.nc")
     return folder / "results.nc"
 
@@ -335,3 +338,66 @@ def test_live_page_picks_up_new_results(served: Served, browser) -> None:
     finally:
         tab.close()
         build_planted(folder)  # back to what the other tests expect
+
+
+LIVE_POINTS = 6
+LIVE = ".st-live[data-exp='live']"
+LIVE_SPEC = """\
+name: live
+model: {{source: tiny, served_name: tiny}}
+backend: {{kind: openai, base_url: "{url}"}}
+load_points:
+""" + "".join(f"  - {{{{name: r{i}, request_rate: 3, num_requests: 9, input_len: 16, output_len: 8}}}}\n"
+              for i in range(LIVE_POINTS))
+
+
+def test_live_status_follows_a_running_sweep(served: Served, browser, vllm_server, tiny_cache: Path) -> None:
+    """A real sweep (coordinator + daemon over ZeroMQ, the `openai` backend measuring the session's
+    vLLM server, ~3 s per load point) runs while the experiments page is open: the page must show
+    it in progress (some trials ok, some pending, a busy daemon with its hardware class and
+    fingerprint, progress and an ETA) and then every trial ok, without a reload. The page is opened on the experiment's URL
+    before the sweep has created it, and must switch to it when it appears."""
+    spec = served.root.parent / "live.yaml"
+    spec.write_text(LIVE_SPEC.format(url=vllm_server.base_url))
+    tab = Page(browser, served.url("page=experiments&experiment=live"))
+    seen: list[tuple[int, int]] = []  # (ok, pending) as the page showed them while the sweep ran
+    busy_text = ""
+    with open(ARTIFACTS / "dashboard-live-sweep.log", "wb") as fh:
+        proc = subprocess.Popen(coordinator_cmd("sweep", str(spec), "--results-root", str(served.root)),
+                                env=cli_env(tiny_cache), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the live sweep did not finish within 300 s"
+            ok, pending = tab.page.locator(f"{LIVE} .st-live-ok"), tab.page.locator(f"{LIVE} .st-live-pending")
+            if ok.count() and pending.count():
+                shown = (int(ok.first.inner_text()), int(pending.first.inner_text()))
+                if not seen or seen[-1] != shown:
+                    seen.append(shown)
+                live = tab.page.locator(LIVE).first.inner_text()
+                if 0 < shown[0] < LIVE_POINTS and "busy" in live and not busy_text:
+                    busy_text = live
+                    tab.shot("experiments-live-sweep")
+            tab.page.wait_for_timeout(200)
+        assert proc.returncode == 0, (ARTIFACTS / "dashboard-live-sweep.log").read_text()[-3000:]
+        t_end = time.monotonic()
+        listed = "tr[data-exp='live'] .st-ok"  # from results.nc, rewritten just after the store records a result
+        while int(tab.text(f"{LIVE} .st-live-ok")) != LIVE_POINTS or int(tab.text(listed)) != LIVE_POINTS:
+            assert time.monotonic() - t_end < 10, \
+                f"10 s after the sweep the page still shows {tab.text(LIVE)!r}, {tab.text(listed)} ok listed"
+            tab.page.wait_for_timeout(200)
+        final = tab.text(LIVE)
+        assert tab.errors == [], tab.errors
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        tab.close()
+    in_progress = [s for s in seen if 0 < s[0] < LIVE_POINTS]
+    assert in_progress, f"the page never showed the sweep in progress; it showed (ok, pending) {seen}"
+    assert [s[0] for s in seen] == sorted(s[0] for s in seen), f"ok counts went backwards: {seen}"
+    assert all(ok + pending <= LIVE_POINTS for ok, pending in seen), seen
+    assert busy_text, f"no busy daemon was shown while trials were running; states seen {seen}"
+    assert "ETA" in busy_text and f"/{LIVE_POINTS}" in busy_text, busy_text
+    assert "cpu-" in busy_text and "vLLM" in busy_text, f"no hardware class / fingerprint: {busy_text!r}"
+    assert f"{LIVE_POINTS}/{LIVE_POINTS}" in final, final

@@ -89,9 +89,11 @@ class App:
     def __init__(self) -> None:
         self.args = _query_args()
         names = [e.name for e in state.list_experiments()]
+        wanted = self.args.get("experiment")
+        #: an experiment the URL asked for that does not exist yet (a sweep about to start): chosen when it appears
+        self._awaited = wanted if wanted and wanted not in names else None
         self.experiment = pn.widgets.Select(name="Experiment", options=names, css_classes=["st-experiment"],
-                                            value=self.args.get("experiment") if self.args.get("experiment") in names
-                                            else (names[0] if names else None))
+                                            value=wanted if wanted in names else (names[0] if names else None))
         start_page = self.args.get("page", "experiments")
         self.nav = pn.widgets.RadioButtonGroup(
             options={label: key for key, label in PAGES.items()}, orientation="vertical", button_type="light",
@@ -107,6 +109,13 @@ class App:
         self._show()
         self._names = names
         self._callback = pn.state.add_periodic_callback(self._tick, period=REFRESH_MS) if pn.state.curdoc else None
+
+    def _url_experiment(self) -> str | None:
+        """The experiment the page's URL names now (the user's last choice), None without a location."""
+        if pn.state.location is None:
+            return self._awaited
+        value = pn.state.location.query_params.get("experiment")
+        return str(value) if value is not None else None
 
     def navigate(self, page: str, **args: str) -> None:
         """Switch to ``page`` with query ``args`` (e.g. ``navigate("inspector", trial=tid)``)."""
@@ -149,7 +158,9 @@ class App:
         if names != self._names:
             self._names = names
             self.experiment.options = names
-            if self.experiment.value is None and names:
+            if self._awaited in names and self._url_experiment() == self._awaited:
+                self.experiment.value, self._awaited = self._awaited, None
+            elif self.experiment.value is None and names:
                 self.experiment.value = names[0]
         refresh = getattr(self.current, "refresh", None)
         if callable(refresh):
@@ -204,3 +215,17 @@ def _esc(text: Any) -> str:
 
 
 esc = _esc
+
+
+def experiment_page(ctx: Context, preferred_metric: Callable[[Any], str]) -> tuple[Path, Any, Any, pn.widgets.Select]:
+    """What a page about one experiment starts from: its folder, dataset, trial table and a metric
+    picker over the table's metrics, set to ``preferred_metric(dataset)`` when that is one of them,
+    else to the first."""
+    from dashboards.app.pareto import metric_options  # pareto imports this package
+
+    assert ctx.folder is not None
+    ds, df = state.dataset(ctx.folder), state.table(ctx.folder)
+    metrics = metric_options(df)
+    preferred = preferred_metric(ds)
+    picker = pn.widgets.Select(name="metric", options=metrics, value=preferred if preferred in metrics else metrics[0])
+    return ctx.folder, ds, df, picker

@@ -74,7 +74,7 @@ def live_html(info: state.ExperimentInfo | None) -> str:
         for d in live.daemons) or "<tr><td colspan=6>no daemon has run a trial yet</td></tr>"
     mean = f"; mean trial {live.mean_trial_s:.1f} s" if live.mean_trial_s else ""
     return (
-        f"<div class='st-live'><h3>Current spec: {live.planned} planned trials</h3>"
+        f"<div class='st-live' data-exp='{esc(info.name)}'><h3>Current spec: {live.planned} planned trials</h3>"
         f"<div class='st-states'>ok <b class='st-live-ok'>{s['ok']}</b> &middot; failed <b>{s['failed']}</b> &middot; "
         f"running <b>{s['running']}</b> &middot; pending <b class='st-live-pending'>{s['pending']}</b></div>"
         f"<div class='st-progress'><progress max='100' value='{pct:.1f}'></progress> {done}/{live.planned} "

@@ -13,6 +13,7 @@ selection picks the configs inside it.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import holoviews as hv
@@ -20,8 +21,8 @@ import numpy as np
 import pandas as pd
 import panel as pn
 
-from analysis.frame import AnalysisInputError, filter_trials, known_metrics, metric_sense
-from analysis.pareto import front
+from analysis.frame import PARAM_PREFIX, AnalysisInputError, filter_trials, known_metrics, metric_sense
+from analysis.pareto import base_columns, config_groups, front
 from dashboards.app import Context, esc, state, warnings_html
 
 log = logging.getLogger(__name__)
@@ -51,33 +52,113 @@ def filter_kwargs(filters: Filters) -> dict[str, Any]:
     return {name: (tuple(v) if kind == "range" else list(v)) for name, kind, v in filters}
 
 
-def front_points(folder: Any, x: str, y: str, filters: Filters = ()) -> tuple[pd.DataFrame, list[Any], int, int]:
+BY = ("load_point", "hardware_class")
+
+
+@dataclass(frozen=True)
+class FrontView:
+    """The Pareto explorer's data for two metrics and a set of filters (cached per dataset version).
+
+    ``points``: one row per config with usable trials (``x``, ``y`` medians, ``config`` label,
+    ``config_id``, ``front`` ("on front"/"dominated"), ``p_front`` (-1 without a bootstrap),
+    ``repeats``, ``group``), built from arrays; ``rows``: positions in ``table`` (the trial table
+    it was computed from) of the trials left after the filters (baselines left out); ``warnings``
+    and ``n_boot`` from :func:`analysis.pareto.front`.
+    """
+
+    points: pd.DataFrame
+    warnings: list[Any]
+    n_boot: int
+    rows: np.ndarray
+    table: pd.DataFrame
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.rows)
+
+
+def filter_columns(df: pd.DataFrame, x: str, y: str, filters: Filters) -> list[str]:
+    """The trial-table columns the front and the filters read (a narrow copy is enough)."""
+    cols = [*base_columns(BY), x, y]
+    for name, _, _ in filters:
+        cols.append(name if name in ("status", "load_point", "dataset", "hardware_class") else PARAM_PREFIX + name)
+    return [c for c in dict.fromkeys(cols) if c in df.columns]
+
+
+def front_points(folder: Any, x: str, y: str, filters: Filters = ()) -> FrontView:
     """Per-config points of the front of ``x`` and ``y`` over the trials matching ``filters``
-    (baselines left out), with the front's warnings, its bootstrap size and the number of trials;
-    cached per dataset version."""
+    (baselines left out); cached per dataset version.
+
+    The cloud comes straight from :func:`analysis.pareto.config_groups`' arrays (per-config medians);
+    :func:`analysis.pareto.front` materialises point objects only for the front (every point only
+    when it also bootstraps ``p_front``, i.e. up to ``BOOTSTRAP_UP_TO`` configs), so a 100k-trial
+    dataset costs no per-config Python work."""
     version = state.version(folder)
 
-    def make() -> tuple[pd.DataFrame, list[Any], int, int]:
+    def make() -> FrontView:
         ds, df = state.dataset(folder), state.table(folder)
-        filtered = filter_trials(df, include_baseline=False, **filter_kwargs(filters))
+        lean = df[filter_columns(df, x, y, filters)].reset_index(drop=True)
+        filtered = filter_trials(lean, include_baseline=False, **filter_kwargs(filters))
         n_cfg = int(filtered["config_id"].nunique())
-        res = front(ds, metrics=(x, y), table=filtered, n_boot=100 if n_cfg <= BOOTSTRAP_UP_TO else 0)
-        cols: dict[str, list[Any]] = {x: [], y: [], "config": [], "config_id": [], "front": [], "p_front": [],
-                                      "repeats": [], "group": []}
-        for g in res.groups:
-            group = " ".join(str(v) for v in g.group.values())
-            for pt in g.points:
-                cols[x].append(pt.values[x])
-                cols[y].append(pt.values[y])
-                cols["config"].append(pt.label)
-                cols["config_id"].append(pt.config_id)
-                cols["front"].append("on front" if pt.on_front else "dominated")
-                cols["p_front"].append(-1.0 if pt.p_front is None else pt.p_front)
-                cols["repeats"].append(pt.n_repeats)
-                cols["group"].append(group)
-        return pd.DataFrame(cols), list(res.warnings), res.n_boot, len(filtered)
+        n_boot = 100 if n_cfg <= BOOTSTRAP_UP_TO else 0
+        res = front(ds, metrics=(x, y), by=BY, table=filtered, n_boot=n_boot, points="all" if n_boot else "front")
+        groups = config_groups(filtered, (x, y), BY)  # the grouping front() just cached for this table
+        parts: list[pd.DataFrame] = []
+        for g, rg in zip(groups, res.groups):
+            idx = np.flatnonzero(g.counts > 0)
+            ids = pd.Series(g.config_ids[idx], dtype=object).astype(str)  # object strings (no-op for str ids)
+            on = ids.isin({pt.config_id for pt in rg.points if pt.on_front}).to_numpy()  # hash look-ups
+            p_front = np.full(len(idx), -1.0)
+            if n_boot and len(rg.points) == len(idx):  # points="all": the same configs in the same order
+                p_front = np.asarray([-1.0 if pt.p_front is None else pt.p_front for pt in rg.points], dtype=float)
+            labels = np.asarray(g.labels, dtype=object)[idx]
+            parts.append(pd.DataFrame({
+                x: g.medians[idx, 0], y: g.medians[idx, 1], "config": labels, "config_id": ids.to_numpy(),
+                "front": np.where(on, "on front", "dominated"), "p_front": p_front,
+                "repeats": g.counts[idx].astype(np.int64),
+                "group": " ".join(str(v) for v in g.key.values())}))
+        cols = [x, y, "config", "config_id", "front", "p_front", "repeats", "group"]
+        points = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+        return FrontView(points[cols], list(res.warnings), res.n_boot, filtered.index.to_numpy(), df)
 
     return state._cached(("front", str(folder), version, x, y, filters), make)
+
+
+@dataclass(frozen=True)
+class PageOptions:
+    """The widget choices of a dataset version: metrics, levels of the status/scenario/dataset/
+    hardware-class filters, and per swept parameter a range (numeric) or its values."""
+
+    metrics: list[str]
+    levels: dict[str, list[str]]
+    ranges: dict[str, tuple[float, float, float]]
+    values: dict[str, list[Any]]
+
+
+def page_options(folder: Any) -> PageOptions:
+    """:class:`PageOptions` of the experiment, cached per dataset version (a 100k-trial table
+    takes a noticeable time to scan for levels on every visit)."""
+    version = state.version(folder)
+
+    def make() -> PageOptions:
+        df = state.table(folder)
+        levels: dict[str, list[str]] = {}
+        for col in ("status", "load_point", "dataset", "hardware_class"):
+            if col in df:
+                levels[col] = sorted({str(v) for v in pd.unique(df[col].to_numpy(dtype=object))})
+        ranges: dict[str, tuple[float, float, float]] = {}
+        values: dict[str, list[Any]] = {}
+        for p in state.swept(folder):
+            if p.kind == "numeric":
+                lo, hi = float(min(p.levels)), float(max(p.levels))
+                step = min(np.diff(sorted({float(v) for v in p.levels}))) if len(p.levels) > 1 else 1.0
+                ranges[p.name] = (lo, hi, float(step))
+            else:
+                uniq = pd.unique(df[p.column].to_numpy(dtype=object)).tolist()
+                values[p.name] = sorted({v for v in uniq if v is not None and v == v and v != ""}, key=str)
+        return PageOptions(metric_options(df), levels, ranges, values)
+
+    return state._cached(("pareto-options", str(folder), version), make)
 
 
 _COMPILED = False
@@ -97,8 +178,7 @@ def compile_datashader() -> None:
 
 def default_front(folder: Any) -> None:
     """Precompute the page's first view (used by the warm-up of large datasets)."""
-    df = state.table(folder)
-    metrics = metric_options(df)
+    metrics = page_options(folder).metrics
     if "output_throughput" in metrics and "ttft_ms_p99" in metrics:
         front_points(folder, "output_throughput", "ttft_ms_p99")
 
@@ -113,7 +193,8 @@ class ParetoPage(pn.viewable.Viewer):
         self.version = state.version(self.folder)
         self.ds = state.dataset(self.folder)
         self.df = state.table(self.folder)
-        metrics = metric_options(self.df)
+        opts = page_options(self.folder)
+        metrics = opts.metrics
         x = ctx.arg("x", "output_throughput")
         y = ctx.arg("y", "ttft_ms_p99")
         self.x = pn.widgets.Select(name="x metric", options=metrics, value=x if x in metrics else metrics[0],
@@ -123,20 +204,19 @@ class ParetoPage(pn.viewable.Viewer):
         self.filters: dict[str, pn.widgets.MultiChoice] = {}
         for col, label in (("status", "status"), ("load_point", "scenario"), ("dataset", "dataset"),
                            ("hardware_class", "hardware class")):
-            if col in self.df:
-                levels = sorted({str(v) for v in self.df[col].tolist()})
+            if col in opts.levels:
+                levels = opts.levels[col]
                 want = [v for v in ctx.arg(col).split(",") if v in levels] or levels
                 self.filters[col] = pn.widgets.MultiChoice(name=label, options=levels, value=want,
                                                            css_classes=[f"st-filter-{col}"])
         self.param_filters: dict[str, pn.widgets.RangeSlider | pn.widgets.MultiChoice] = {}
         for p in state.swept(self.folder):
-            if p.kind == "numeric":
-                lo, hi = float(min(p.levels)), float(max(p.levels))
-                step = min(np.diff(sorted({float(v) for v in p.levels}))) if len(p.levels) > 1 else 1.0
+            if p.name in opts.ranges:
+                lo, hi, step = opts.ranges[p.name]
                 self.param_filters[p.name] = pn.widgets.RangeSlider(name=p.name, start=lo, end=hi, value=(lo, hi),
-                                                                    step=float(step))
-            else:
-                raw = sorted({v for v in self.df[p.column].tolist() if v is not None and v == v and v != ""}, key=str)
+                                                                    step=step)
+            elif p.name in opts.values:
+                raw = opts.values[p.name]
                 self.param_filters[p.name] = pn.widgets.MultiChoice(name=p.name, options={str(v): v for v in raw},
                                                                     value=list(raw))
         self.summary = pn.pane.HTML(sizing_mode="stretch_width")
@@ -152,7 +232,8 @@ class ParetoPage(pn.viewable.Viewer):
         for w in [self.x, self.y, *self.filters.values(), *self.param_filters.values()]:
             w.param.watch(lambda e: self.update(), "value_throttled" if "value_throttled" in w.param else "value")
         self.points = pd.DataFrame()
-        self.filtered = self.df
+        self.rows = np.arange(0)
+        self.trial_table = self.df
         self.update()
 
     # ------------------------------------------------------------------ computing
@@ -174,15 +255,16 @@ class ParetoPage(pn.viewable.Viewer):
         """Recompute the front for the widgets' state and redraw."""
         x, y = self.x.value, self.y.value
         filters = self._filters()
-        self.filtered = filter_trials(self.df, include_baseline=False, **filter_kwargs(filters))
         if x == y:
             self.notes.object = "<div class='st-warn'>choose two different metrics</div>"
             return
         try:
-            self.points, warnings, n_boot, n_trials = front_points(self.folder, x, y, filters)
+            view = front_points(self.folder, x, y, filters)
         except AnalysisInputError as exc:
             self.notes.object = f"<div class='st-warn'>{esc(exc)}</div>"
             return
+        self.points, self.rows, self.trial_table = view.points, view.rows, view.table
+        warnings, n_boot, n_trials = view.warnings, view.n_boot, view.n_trials
         n_front = int((self.points["front"] == "on front").sum()) if len(self.points) else 0
         boot = "" if n_boot else f" (P(on front) not computed above {BOOTSTRAP_UP_TO} configs)"
         self.summary.object = (
@@ -206,7 +288,7 @@ class ParetoPage(pn.viewable.Viewer):
         if len(pts) > DATASHADE_ABOVE:
             from holoviews.operation.datashader import dynspread, rasterize
 
-            cloud = hv.Points(pts, [x, y])
+            cloud = hv.Points(pts[[x, y]], [x, y])
             raster = dynspread(rasterize(cloud).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"]))
             stream = hv.streams.BoundsXY(source=raster)
             stream.add_subscriber(self._on_bounds)
@@ -234,11 +316,13 @@ class ParetoPage(pn.viewable.Viewer):
         self._show_trials(p.loc[inside, "config_id"].tolist())
 
     def _show_trials(self, config_ids: list[str] | None) -> None:
-        df = self.filtered
+        table = self.trial_table
+        cols = [c for c in dict.fromkeys((*TABLE_COLUMNS, self.x.value, self.y.value)) if c in table.columns]
+        rows = self.rows
         if config_ids is not None:
-            df = df[df["config_id"].isin(config_ids)]
-        cols = [c for c in (*TABLE_COLUMNS, self.x.value, self.y.value) if c in df.columns]
-        self.trials.value = df[list(dict.fromkeys(cols))].reset_index(drop=True)
+            rows = rows[pd.Series(table["config_id"].to_numpy()[rows]).isin(config_ids).to_numpy()]
+        df = table[cols].iloc[rows]
+        self.trials.value = df.reset_index(drop=True)
         self.trials.selection = []
         what = f"{len(df)} trials of the {len(config_ids)} selected configs" if config_ids is not None else \
             f"all {len(df)} filtered trials (select points to narrow)"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 
@@ -162,7 +163,10 @@ def _read_info(folder: Path, has_store: bool, has_dataset: bool, v: int) -> Expe
         import h5py
 
         with h5py.File(folder / DATASET_FILE, "r") as f:
-            status = pd.Series(f["status"][:]).map(lambda b: b.decode() if isinstance(b, bytes) else str(b))
+            raw = f["status"][:]
+            if raw.ndim == 2:  # a netCDF char array (servetune.netcdf's fixed-width layout): one row per trial
+                raw = raw.view(f"S{raw.shape[1]}").ravel() if raw.shape[1] else np.full(raw.shape[0], b"")
+            status = pd.Series(raw).map(lambda b: b.decode() if isinstance(b, bytes) else str(b))
             for k, n in status.value_counts().items():
                 counts[str(k)] = int(n)
             attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
@@ -181,11 +185,12 @@ def _read_info(folder: Path, has_store: bool, has_dataset: bool, v: int) -> Expe
     return ExperimentInfo(folder.name, folder, has_store, has_dataset, counts, created, design, running, synthetic, v)
 
 
-def warm(info: ExperimentInfo) -> None:
+def warm(info: ExperimentInfo) -> Future[None] | None:
     """Load the dataset and trial table of a new dataset version in the background (and the default
-    Pareto front of large ones), so that the first page visit finds them in memory."""
+    Pareto front of large ones), so that the first page visit finds them in memory. Returns the
+    warm-up's future (one per dataset version, shared by every caller), None without a dataset."""
     if not info.has_dataset:
-        return
+        return None
 
     def work() -> None:
         table(info.folder)
@@ -196,7 +201,18 @@ def warm(info: ExperimentInfo) -> None:
             default_front(info.folder)
             compile_datashader()
 
-    background(("warm", str(info.folder), info.version), work)
+    return background(("warm", str(info.folder), info.version), work)
+
+
+def warm_all(base: Path | None = None) -> list[tuple[str, Future[None]]]:
+    """Start the warm-up (:func:`warm`) of every experiment under the results root; returns each
+    experiment's name and warm-up future (the dashboard's server hook calls this at start-up)."""
+    out: list[tuple[str, Future[None]]] = []
+    for info in list_experiments(base):  # list_experiments already starts each warm-up; this gets the futures
+        fut = warm(info)
+        if fut is not None:
+            out.append((info.name, fut))
+    return out
 
 
 #: trials above which the default Pareto front is precomputed when a dataset version lands
