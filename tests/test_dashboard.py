@@ -85,6 +85,18 @@ def build_slo_trap(folder: Path) -> tuple[str, str]:
     return str(labels[fast]), str(labels[second])
 
 
+def build_big(folder: Path) -> xr.Dataset:
+    """A SYNTHETIC experiment with more configs than the Pareto explorer plots as points (it
+    rasterises them with datashader above ``DATASHADE_ABOVE``)."""
+    from analysis.synthetic import planted
+    from dashboards.app.pareto import DATASHADE_ABOVE
+
+    # 12 parameters so that nearly every config is distinct (about 23,600 of 24,000), none failing
+    ds, _ = planted(n_configs=DATASHADE_ABOVE + 4_000, n_params=12, fail_rate_region=0.0, fail_rate_base=0.0, seed=5)
+    write_dataset(ds, folder, folder.name)
+    return ds
+
+
 # ------------------------------------------------------------------------------------- the server
 
 
@@ -110,6 +122,7 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     root = tmp_path_factory.mktemp("dash") / "runs"
     shutil.copytree(e2e_sweep.folder, root / "e2e")
     build_planted(root / "planted")
+    build_big(root / "big")
     trap = build_slo_trap(root / "slo-trap")
     port = _free_port()
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
@@ -289,6 +302,33 @@ def test_selecting_a_trial_opens_its_logs(served: Served, browser) -> None:
         assert tab.attr(".st-trial", "data-trial") == trial_id
         assert "page=inspector" in tab.page.url and f"trial={trial_id}" in tab.page.url
         tab.shot("inspector-from-pareto")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_a_large_cloud_is_rasterised_and_box_selection_narrows_the_table(served: Served, browser) -> None:
+    from dashboards.app.pareto import DATASHADE_ABOVE
+
+    tab = Page(browser, served.url("page=pareto&experiment=big"))
+    try:
+        assert tab.attr(".st-pareto-summary", "data-cloud") == "raster"
+        assert int(tab.attr(".st-pareto-summary", "data-points")) > DATASHADE_ABOVE
+        total = int(tab.attr(".st-table-note", "data-rows"))
+        canvas = tab.page.locator("canvas").first
+        canvas.wait_for(state="visible", timeout=PAGE_TIMEOUT_MS)
+        tab.page.wait_for_timeout(1500)  # let BokehJS attach its tools
+        box = canvas.bounding_box()
+        assert box is not None
+        # a box over the left part of the frame: some configs fall inside, not all
+        tab.page.mouse.move(box["x"] + 0.15 * box["width"], box["y"] + 0.12 * box["height"])
+        tab.page.mouse.down()
+        tab.page.mouse.move(box["x"] + 0.5 * box["width"], box["y"] + 0.9 * box["height"], steps=10)
+        tab.page.mouse.up()
+        tab.page.locator(".st-table-note", has_text="selected configs").wait_for(timeout=PAGE_TIMEOUT_MS)
+        rows = int(tab.attr(".st-table-note", "data-rows"))
+        assert 0 < rows < total, (rows, total)
+        tab.shot("pareto-raster-selected")
         assert tab.errors == [], tab.errors
     finally:
         tab.close()

@@ -11,8 +11,9 @@ navigation start to the page's content being in the DOM with its plot canvas dra
 
 Three servers. The server starts loading every dataset (and the default front of a large one) in
 the background as soon as it starts (``dashboards/app_hooks.py``). On the first, the Pareto
-explorer is opened as soon as the server answers (cold: the warm-up is still running, so the figure
-includes waiting for the rest of reading the dataset, flattening it and computing the front), then
+explorer is opened as soon as the server's port accepts connections (no page is requested before,
+so no session has done any work; cold: the warm-up is still running, so the figure includes waiting
+for reading the dataset, flattening it, computing the front and numba compiling datashader), then
 each page is opened ``--repeats`` more times (warm: the server keeps datasets, tables and fronts per
 dataset version). On a fresh second server the experiments page is opened first (cold, while the
 warm-up runs). On a third, the first visits wait for the server's warm-up to finish (its log line):
@@ -37,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,10 +86,9 @@ def serve(root: Path, log_path: Path) -> Iterator[str]:
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"panel serve exited with {proc.returncode}; see {log_path}")
-            try:
-                with urllib.request.urlopen(url + "?page=drift&experiment=none", timeout=60) as r:
-                    if r.status == 200:
-                        break
+            try:  # the port opens when the server is ready; no page request, so no session is built before t0
+                with socket.create_connection(("127.0.0.1", port), timeout=5):
+                    break
             except OSError:
                 pass
             if time.monotonic() > deadline:

@@ -269,7 +269,8 @@ class ParetoPage(pn.viewable.Viewer):
         boot = "" if n_boot else f" (P(on front) not computed above {BOOTSTRAP_UP_TO} configs)"
         self.summary.object = (
             f"<div class='st-pareto-summary' data-points='{len(self.points)}' data-front='{n_front}' "
-            f"data-trials='{n_trials}'>{len(self.points)} configs shown, {n_front} on the front, from "
+            f"data-trials='{n_trials}' data-cloud='{'raster' if len(self.points) > DATASHADE_ABOVE else 'points'}'>"
+            f"{len(self.points)} configs shown, {n_front} on the front, from "
             f"{n_trials} trials after filters (of {len(self.df)}); senses: {x} "
             f"{'higher' if metric_sense(x) > 0 else 'lower'} is better, {y} "
             f"{'higher' if metric_sense(y) > 0 else 'lower'} is better{boot}</div>")
@@ -289,7 +290,8 @@ class ParetoPage(pn.viewable.Viewer):
             from holoviews.operation.datashader import dynspread, rasterize
 
             cloud = hv.Points(pts[[x, y]], [x, y])
-            raster = dynspread(rasterize(cloud).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"]))
+            raster = dynspread(rasterize(cloud).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
+                                                     active_tools=["box_select"]))
             stream = hv.streams.BoundsXY(source=raster)
             stream.add_subscriber(self._on_bounds)
             marks = hv.Points(front_pts, [x, y], vdims).opts(color="crimson", size=6, tools=["hover"])
