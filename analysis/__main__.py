@@ -16,7 +16,7 @@ from typing import Any
 
 from analysis.frame import AnalysisInputError
 from analysis.load import load_many
-from analysis.report import analyze, validate_report
+from analysis.report import analyze, stderr_progress, validate_report
 from servetune.errors import ServetuneError
 
 
@@ -38,11 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _progress(i: int, n: int, name: str) -> None:
-    sys.stderr.write(f"analysis [{i}/{n}] {name}\n")
-    sys.stderr.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
@@ -53,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ds = load_many(args.experiments, args.results_root)
         doc = analyze(ds, metric=args.metric, load_point=args.load_point, policy=args.policy,
-                      n_boot=args.n_boot, seed=args.seed, progress=_progress)
+                      n_boot=args.n_boot, seed=args.seed, progress=stderr_progress("analysis"))
     except (AnalysisInputError, ServetuneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

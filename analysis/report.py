@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,16 @@ REPORT_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("analyze.schema.json")
 
 Progress = Callable[[int, int, str], None]
+
+
+def stderr_progress(label: str) -> Progress:
+    """A :data:`Progress` that writes ``<label> [i/n] <section>`` lines to stderr (the CLIs' progress)."""
+
+    def show(i: int, n: int, name: str) -> None:
+        sys.stderr.write(f"{label} [{i}/{n}] {name}\n")
+        sys.stderr.flush()
+
+    return show
 
 
 def default_metric(ds: xr.Dataset) -> str:

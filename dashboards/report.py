@@ -47,6 +47,7 @@ from analysis.common import jsonable
 from analysis.frame import AnalysisInputError, trial_table
 from analysis.load import load_many
 from analysis.pareto import param_values
+from analysis.report import Progress, stderr_progress
 from servetune.errors import ServetuneError
 from servetune.export import engine_config_from_params, model_argument, serve_command
 
@@ -232,7 +233,8 @@ def spec_ranking(ds: xr.Dataset) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0) -> dict[str, Any]:
+def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0,
+            progress: Progress | None = None) -> dict[str, Any]:
     """The analysis document the report shows (see :func:`analysis.report.analyze`).
 
     ``policy`` None means the spec's: ``slo_throughput`` of its objective, gated by its SLOs unless
@@ -240,7 +242,7 @@ def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: 
     from analysis.ranking import rank
     from analysis.report import analyze
 
-    doc = analyze(ds, policy=policy or "slo_throughput", n_boot=n_boot, seed=seed)
+    doc = analyze(ds, policy=policy or "slo_throughput", n_boot=n_boot, seed=seed, progress=progress)
     doc["policy_source"] = "command line" if policy else "spec"
     if policy is None and spec_ranking(ds).get("require_slos") is False:
         ranking = jsonable(rank(ds, policy="slo_throughput", slos=[], seed=seed))
@@ -518,11 +520,12 @@ def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
 
 
 def render(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0, model: str | None = None,
-           served_model_name: str | None = None) -> str:
-    """The report of ``ds`` as one offline HTML page (a string)."""
+           served_model_name: str | None = None, progress: Progress | None = None) -> str:
+    """The report of ``ds`` as one offline HTML page (a string); ``progress`` is told of each
+    analysis section as it starts."""
     from bokeh.resources import INLINE
 
-    doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed)
+    doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed, progress=progress)
     commands = winner_commands(ds, doc, model, served_model_name)
     layout = build(ds, doc, commands)
     buf = io.StringIO()
@@ -575,7 +578,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dashboards re
     try:
         ds = load_many(args.experiments, args.results_root)
         page = render(ds, policy=args.policy, n_boot=args.n_boot, seed=args.seed, model=args.model,
-                      served_model_name=args.served_model_name)
+                      served_model_name=args.served_model_name, progress=stderr_progress("report"))
+        sys.stderr.write("report: rendering the page\n")
     except OfflineError as exc:  # a bug or a changed panel, not the user's input
         print(f"error: cannot make the report offline: {exc}", file=sys.stderr)
         return 1

@@ -334,6 +334,23 @@ def test_a_large_cloud_is_rasterised_and_box_selection_narrows_the_table(served:
         tab.close()
 
 
+@pytest.mark.parametrize(("page", "shown", "total"), [("compare", ".st-verdict", "data-configs"),
+                                                       ("inspector", ".st-trial", "data-trials")])
+def test_pickers_of_a_large_experiment_list_a_bounded_subset(served: Served, browser, page: str, shown: str,
+                                                             total: str) -> None:
+    """With ~24,000 configs a picker of every config (or trial) would not load; the page lists the
+    best few hundred, says so, and still shows a comparison / a trial."""
+    tab = Page(browser, served.url(f"page={page}&experiment=big"))
+    try:
+        tab.text(shown)
+        listed = int(tab.attr(".st-picker-note", "data-listed"))
+        assert 0 < listed <= 502, listed
+        assert int(tab.attr(".st-picker-note", total)) > 20_000
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
 def test_switching_the_ranking_policy_changes_the_winner(served: Served, browser) -> None:
     fast, respecting = served.trap
     tab = Page(browser, served.url("page=ranking&experiment=slo-trap&policy=slo_throughput"))

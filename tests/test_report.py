@@ -93,6 +93,7 @@ def _report(args: list[str], tmp: Path, name: str) -> Path:
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.is_file() and not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]
+    assert "report [1/" in proc.stderr and "report: rendering the page" in proc.stderr, proc.stderr[-2000:]
     return out
 
 

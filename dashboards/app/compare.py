@@ -22,6 +22,9 @@ from dashboards.app.pareto import metric_options
 
 log = logging.getLogger(__name__)
 
+MAX_PICKER_OPTIONS = 500
+"""Configs listed in each picker at most (those with the most ok repeats); others by URL."""
+
 
 class ComparePage(pn.viewable.Viewer):
     """Two config pickers, metric, scenario, minimum effect; the comparison below."""
@@ -32,9 +35,9 @@ class ComparePage(pn.viewable.Viewer):
         self.ctx, self.folder = ctx, ctx.folder
         self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
         runs = self.df[~self.df["is_baseline"].astype(bool)] if "is_baseline" in self.df else self.df
-        labels = runs.drop_duplicates("config_id").sort_values("config_label")
-        options = {f"{r.config_label} ({str(r.config_id)[:8]})": str(r.config_id) for r in labels.itertuples()}
-        ids = list(options.values())
+        first = runs.drop_duplicates("config_id")
+        label_of = dict(zip(first["config_id"].astype(str), first["config_label"].astype(str)))
+        ids = sorted(label_of, key=label_of.__getitem__)
 
         # default pair: the two configs with the most ok repeats (then the best median throughput)
         ok = runs[runs["status"] == "ok"]
@@ -42,14 +45,24 @@ class ComparePage(pn.viewable.Viewer):
             stats = ok.groupby("config_id")["output_throughput"].agg(["count", "median"])
             ranked = [str(i) for i in stats.sort_values(["count", "median"], ascending=False).index]
         else:
-            ranked = ids
-        ranked += [i for i in ids if i not in ranked]
+            ranked = list(ids)
+        seen = set(ranked)
+        ranked += [i for i in ids if i not in seen]
 
         def pick(arg: str, default: int) -> str | None:
             want = ctx.arg(arg)
             hit = [i for i in ids if want and i.startswith(want)]
             return hit[0] if hit else (ranked[min(default, len(ranked) - 1)] if ranked else None)
 
+        chosen = [c for c in (pick("a", 0), pick("b", 1)) if c]
+        listed = ranked[:MAX_PICKER_OPTIONS]  # a browser cannot take a picker of 90,000 configs
+        listed += [c for c in chosen if c not in set(listed)]
+        options = {f"{label_of[i]} ({i[:8]})": i for i in sorted(listed, key=label_of.__getitem__)}
+        self.picker_note = pn.pane.HTML(
+            f"<div class='st-note st-picker-note' data-listed='{len(options)}' data-configs='{len(ids)}'>The pickers "
+            f"list the {len(options)} configs with the most ok repeats (then the highest median output throughput) "
+            f"of {len(ids)}; compare any other by its id in the URL (<code>?page=compare&amp;a=ID&amp;b=ID</code>, "
+            "a prefix is enough).</div>" if len(options) < len(ids) else "", sizing_mode="stretch_width")
         self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"])
         self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"])
         metrics = metric_options(self.df)
@@ -103,7 +116,7 @@ class ComparePage(pn.viewable.Viewer):
                              pn.Row(pn.pane.HoloViews(dist), pn.pane.HoloViews(ratio_plot))]
 
     def __panel__(self) -> Any:
-        return pn.Column(pn.Row(self.a, self.b, self.metric), pn.Row(self.lp, self.min_effect), self.body,
+        return pn.Column(pn.Row(self.a, self.b, self.metric), self.picker_note, pn.Row(self.lp, self.min_effect), self.body,
                          sizing_mode="stretch_width")
 
 

@@ -26,6 +26,9 @@ from servetune.metrics import per_request_latencies
 
 log = logging.getLogger(__name__)
 
+MAX_PICKER_OPTIONS = 500
+"""Trials listed in the picker at most (ok ones with the highest throughput first); others by URL."""
+
 _SHOWN_METRICS = ("status", "failure_kind", "error", "load_point", "hardware_class", "repeat", "attempt",
                   "output_throughput", "request_throughput", "request_goodput", "slo_attainment", "ttft_ms_p50",
                   "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2el_ms_p99", "n_requests", "n_completed", "n_errors",
@@ -47,12 +50,23 @@ class InspectorPage(pn.viewable.Viewer):
         assert ctx.folder is not None
         self.ctx, self.folder = ctx, ctx.folder
         self.df = state.table(self.folder)
+        listed = self.df
+        if len(self.df) > MAX_PICKER_OPTIONS:  # a browser cannot take a picker of 100,000 trials
+            order = self.df.assign(_ok=(self.df["status"] == "ok"),
+                                   _tput=self.df.get("output_throughput", pd.Series(0.0, index=self.df.index)))
+            listed = order.sort_values(["_ok", "_tput"], ascending=False).head(MAX_PICKER_OPTIONS)
         options = {f"{r.config_label} @ {r.load_point} [{r.status}] {str(r.trial_id)[:10]}": str(r.trial_id)
-                   for r in self.df.itertuples()} if len(self.df) <= 5000 else {}
+                   for r in listed.itertuples()}
         wanted = ctx.arg("trial")
         match = [t for t in self.df["trial_id"].astype(str) if wanted and t.startswith(wanted)]
         if match and match[0] not in options.values():
             options[match[0]] = match[0]
+        self.picker_note = pn.pane.HTML(
+            f"<div class='st-note st-picker-note' data-listed='{len(options)}' data-trials='{len(self.df)}'>The "
+            f"picker lists {len(options)} of the {len(self.df)} trials (ok ones first, highest output throughput first); open "
+            "any other from the Pareto explorer's trial table or by its id in the URL "
+            "(<code>?page=inspector&amp;trial=ID</code>, a prefix is enough).</div>"
+            if len(options) < len(self.df) else "", sizing_mode="stretch_width")
         self.picker = pn.widgets.Select(name="Trial", options=options, css_classes=["st-trial-picker"],
                                         value=match[0] if match else (next(iter(options.values())) if options else None),
                                         sizing_mode="stretch_width")
@@ -130,7 +144,7 @@ class InspectorPage(pn.viewable.Viewer):
                          pn.GridBox(*[pn.pane.HoloViews(p) for p in plots], ncols=3))
 
     def __panel__(self) -> Any:
-        return pn.Column(self.picker, self.body, sizing_mode="stretch_width")
+        return pn.Column(self.picker, self.picker_note, self.body, sizing_mode="stretch_width")
 
 
 def _hist(values: pd.Series, bins: int = 30) -> tuple[Any, Any]:
