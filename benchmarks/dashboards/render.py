@@ -22,6 +22,10 @@ explorer (y = ``tpot_ms_p99``, never computed before) is timed too.
 
     .venv/bin/python -m benchmarks.dashboards            # from the repository root
     .venv/bin/python -m benchmarks.dashboards --dataset /path/results.nc --repeats 5
+    .venv/bin/python -m benchmarks.dashboards --report-and-notebooks   # also the report and notebooks
+
+It also times each other page once on the warm server (parameters, compare, inspector, ranking,
+drift), and how long the parameters page takes to finish its four background sections.
 """
 
 from __future__ import annotations
@@ -131,6 +135,36 @@ def timed(browser: Any, url: str, ready: list[str], errors: list[str]) -> float:
         page.close()
 
 
+#: the other pages, each timed once on the warm server until its main content is in the DOM
+OTHER_PAGES = {
+    "parameters": [".st-progress-text, .st-section-done"],  # the page, with its background work started
+    "compare": [".st-verdict"],
+    "inspector": [".st-trial"],
+    "ranking": [".st-winner"],
+    "drift": ["div.st-alarm, div.st-warn"],  # the synthetic data has no baseline re-runs: a warning says so
+}
+PARAMETER_SECTIONS = 4  # importance, partial dependence, interactions, failure
+
+
+def timed_attached(browser: Any, url: str, ready: list[str], errors: list[str], count: int = 1) -> float:
+    """Seconds from navigation start until each selector in ``ready`` matches ``count`` elements."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        t0 = time.perf_counter()
+        page.goto(url, timeout=TIMEOUT_MS, wait_until="commit")
+        deadline = t0 + 900
+        for sel in ready:
+            page.locator(sel).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+            while page.locator(sel).count() < count:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"{sel} matched {page.locator(sel).count()} of {count} within 900 s")
+                page.wait_for_timeout(250)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
 def metric_switch(browser: Any, url: str) -> float:
     """Seconds from choosing y = tpot_ms_p99 until the new front is shown."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
@@ -145,6 +179,42 @@ def metric_switch(browser: Any, url: str) -> float:
         page.close()
 
 
+def report_and_notebooks(target: Path, work: Path, n_configs: int, seed: int) -> dict[str, Any]:
+    """Time the static report and the three notebooks (nbclient, top to bottom, their own asserts)
+    on the dataset; notebook 03 compares it with a second SYNTHETIC one (seed + 1)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    out: dict[str, Any] = {}
+    html = work / "report.html"
+    log.info("timing python -m dashboards report")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "dashboards", "report", str(target), "--out", str(html)], cwd=REPO,
+                   check=True, timeout=1800)
+    out["report_s"], out["report_mb"] = time.perf_counter() - t0, html.stat().st_size / 1e6
+    other = work / "other" / "results.nc"
+    make_dataset(other, n_configs, seed + 1)
+    env = {"SERVETUNE_RESULTS_ROOT": str(target.parents[1]), "SERVETUNE_EXPERIMENT": str(target),
+           "SERVETUNE_EXPERIMENT_B": str(other), "SERVETUNE_N_BOOT": "20"}
+    saved = {k: os.environ.get(k) for k in [*env, "PYTHONPATH"]}
+    os.environ.update(env, PYTHONPATH=str(REPO))
+    try:
+        out["notebooks_s"] = {}
+        for nb_path in sorted((REPO / "notebooks").glob("*.ipynb")):
+            log.info("timing notebook %s", nb_path.name)
+            nb = nbformat.read(nb_path, as_version=4)
+            t0 = time.perf_counter()
+            NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+            out["notebooks_s"][nb_path.name] = time.perf_counter() - t0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", type=Path, help="an existing results.nc to use (else one is generated)")
@@ -152,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="also copy the generated results.nc here for later runs")
+    ap.add_argument("--report-and-notebooks", action="store_true",
+                    help="also time `python -m dashboards report` and the three notebooks on the dataset")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from playwright.sync_api import sync_playwright
@@ -181,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
                 out["experiments_warm_s"] = [timed(browser, url + exp_url, exp_ready, errors)
                                              for _ in range(args.repeats)]
                 out["pareto_metric_switch_s"] = metric_switch(browser, url + par_url)
+                log.info("timing the parameters page's four background sections (first visit: computed now)")
+                out["parameters_all_sections_s"] = timed_attached(
+                    browser, f"{url}?page=parameters&experiment={NAME}", [".st-section-done"], errors,
+                    count=PARAMETER_SECTIONS)
+                out["other_pages_s"] = {}
+                for name, ready in OTHER_PAGES.items():
+                    log.info("timing the %s page", name)
+                    out["other_pages_s"][name] = timed_attached(browser, f"{url}?page={name}&experiment={NAME}",
+                                                                ready, errors)
             with serve(root, work / "server-2.log") as url:
                 out["experiments_cold_s"] = timed(browser, url + exp_url, exp_ready, errors)
             with serve(root, work / "server-3.log") as url:
@@ -188,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 out["pareto_first_after_warm_up_s"] = timed(browser, url + par_url, par_ready, errors)
                 out["experiments_first_after_warm_up_s"] = timed(browser, url + exp_url, exp_ready, errors)
             browser.close()
+        if args.report_and_notebooks:
+            out.update(report_and_notebooks(target, work, args.n_configs, args.seed))
     finally:
         out["console_errors"] = errors
         shutil.rmtree(work, ignore_errors=True)
@@ -198,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{out['experiments_warm_median_s']:.2f} s")
     print(f"Pareto explorer, 100k trials:  cold {out['pareto_cold_s']:.2f} s, warm median "
           f"{out['pareto_warm_median_s']:.2f} s, metric switch {out['pareto_metric_switch_s']:.2f} s")
+    print("other pages on the warm server: " + ", ".join(f"{k} {v:.2f} s" for k, v in out["other_pages_s"].items())
+          + f"; the parameters page's four sections done after {out['parameters_all_sections_s']:.1f} s")
+    if "report_s" in out:
+        print(f"static report {out['report_s']:.1f} s ({out['report_mb']:.1f} MB); notebooks: "
+              + ", ".join(f"{k} {v:.1f} s" for k, v in out["notebooks_s"].items()))
     print(f"first visits after the server's warm-up ({out['server_warm_up_s']:.1f} s): Pareto explorer "
           f"{out['pareto_first_after_warm_up_s']:.2f} s, experiments page {out['experiments_first_after_warm_up_s']:.2f} s")
     return 0
