@@ -173,8 +173,9 @@ def test_real_vllm_scraper_series_during_a_load_point(vllm_server: VLLMServer) -
     """On the session's shared vLLM server: the scraper the daemon runs during a measurement."""
     scraper = MetricsScraper.for_endpoint(vllm_server)
     assert scraper is not None
-    # 8 requests in flight against max_num_seqs 4: some run, some wait
-    lp = lp_(max_concurrency=8, num_requests=24, input_len=64, output_len=64, warmup_requests=1)
+    # 8 requests in flight against max_num_seqs 4: some run, some wait (48 requests: a window of several
+    # 0.5 s scrapes even on a fast host, so at least one lands while 4 requests wait)
+    lp = lp_(max_concurrency=8, num_requests=48, input_len=64, output_len=64, warmup_requests=1)
     try:
         warm, res = run_load_point(vllm_server.base_url, "tiny", VOCAB, lp, deadline_s=240,
                                    on_measure_start=scraper.start)
@@ -189,11 +190,12 @@ def test_real_vllm_scraper_series_during_a_load_point(vllm_server: VLLMServer) -
     assert keys <= set(series[0]), set(series[0])
     during = [p for p in series if res.window_start_ns <= p["t_ns"] <= res.window_end_ns]
     assert during and max(p["num_requests_running"] for p in during) == 4
-    assert max(p["num_requests_waiting"] for p in during) >= 1
+    assert max(p["num_requests_waiting"] for p in during) >= 1, [(p["num_requests_running"], p["num_requests_waiting"])
+                                                                 for p in during]
     assert 0 < max(p["kv_cache_usage_perc"] for p in during) <= 1
     assert series[-1]["num_requests_running"] == 0  # it ran until the server drained
     generated = series[-1]["generation_tokens_total"] - series[0]["generation_tokens_total"]
-    assert generated == 24 * 64
+    assert generated == 48 * 64
     summary: dict[str, Any] = server_summary(series, {})
     assert summary["server_max_running"] == 4 and summary["server_max_kv_cache_usage"] > 0
 
