@@ -1,20 +1,27 @@
-"""Bokeh server lifecycle hooks of ``panel serve dashboards/`` (Bokeh runs this file of the served
-folder once per server process).
+"""Start-up of ``panel serve dashboards/``: Bokeh runs this file of the served folder once per server
+process, while it builds the application and before it opens its port.
 
-:func:`on_server_loaded` starts loading every experiment's dataset, trial table and (for large
-ones) the default Pareto front in the background as soon as the server starts, so the first browser
-visit finds them in memory (or already on their way) instead of paying a cold ``analysis.load``
-(about 5 s for 100,000 trials). The work goes through :func:`dashboards.app.state.warm`: the same
-per-version cache the pages read, so a page that asks for a dataset still loading waits for that
-one load rather than starting a second. A log line says when the warm-up finished.
+The server warms up here, before it announces its URL: it loads every experiment's dataset, trial
+table and (for large ones) the default Pareto front (:func:`dashboards.app.state.warm_all`, the
+same per-version cache the pages read), then builds the Pareto explorer of the largest experiment
+and the experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
+datashader's numba kernels, per-version caches). The first browser visit then costs what any later
+one does (a 100,000-trial dataset otherwise made the first Pareto visit wait seconds for loading,
+the front and the compilation). It prints a line per experiment and one when done.
+
+The warm-up waits at most ``$SERVETUNE_DASHBOARD_WARM_UP_S`` seconds (default 60): experiments not
+loaded by then go on loading in the background while the server starts (a page that needs one
+waits for that load rather than starting another), and the rehearsal is skipped. ``0`` starts the
+server at once with everything loading in the background.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +31,86 @@ if _REPO not in sys.path:
 
 log = logging.getLogger("dashboards.app_hooks")
 
+BUDGET_ENV = "SERVETUNE_DASHBOARD_WARM_UP_S"
+DEFAULT_BUDGET_S = 60.0
 
-def _warm() -> None:
-    from dashboards.app import state
+
+def _say(text: str) -> None:
+    # print, not only log: `panel serve` shows no INFO lines by default, and the benchmark waits for these
+    print(f"servetune dashboard: {text}", flush=True)
+
+
+def budget_s() -> float:
+    """The warm-up's time limit from ``$SERVETUNE_DASHBOARD_WARM_UP_S`` (a clear error names a bad value)."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{BUDGET_ENV}={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise SystemExit(f"{BUDGET_ENV}={raw!r} must be >= 0")
+    return value
+
+
+def warm_up(limit_s: float) -> None:
+    """Load every experiment (at most ``limit_s`` seconds), then rehearse the pages (see the module doc)."""
+    from dashboards.app import rehearse, state
 
     t0 = time.perf_counter()
-    try:
-        started = state.warm_all()
-        for name, fut in started:
+    started = state.warm_all()
+    _say(f"loading {len(started)} experiment(s) under {state.root()} before serving (at most {limit_s:.0f} s)")
+    names = {fut: name for name, fut in started}
+    pending = set(names)
+    deadline = t0 + limit_s
+    while pending:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+        for fut in done:
+            if fut.exception() is not None:
+                log.error("warm-up of experiment %s failed", names[fut], exc_info=fut.exception())
+                _say(f"[{len(names) - len(pending)}/{len(names)}] {names[fut]}: could not be loaded "
+                     f"({type(fut.exception()).__name__}: {fut.exception()})")
+            else:
+                _say(f"[{len(names) - len(pending)}/{len(names)}] {names[fut]} loaded "
+                     f"({time.perf_counter() - t0:.1f} s)")
+    if pending:
+        _say(f"{len(pending)} experiment(s) still loading after {limit_s:.0f} s ({', '.join(sorted(names[f] for f in pending))});"
+             " they go on in the background")
+    else:
+        loaded = [info for info in state.list_experiments() if info.has_dataset]
+        largest = max(loaded, key=lambda info: sum(info.counts.values()), default=None)
+        for name, page in ((largest.name if largest else None, "pareto"), (None, "experiments")):
+            if page == "pareto" and name is None:
+                continue
+            t1 = time.perf_counter()
             try:
-                fut.result()
+                rehearse(name, page)
             except Exception:
-                log.exception("warm-up of experiment %s failed", name)
-    except Exception:
-        log.exception("dashboard warm-up failed")
+                log.exception("rehearsal of the %s page failed", page)
+                continue
+            _say(f"rehearsed the {page} page{' of ' + name if name else ''} in {time.perf_counter() - t1:.2f} s")
+    _say(f"warm-up of {len(started)} experiment(s) under {state.root()} done in {time.perf_counter() - t0:.1f} s")
+
+
+def _start() -> None:
+    from dashboards import app
+
+    if getattr(app, "warmed_up", False):  # `panel serve` may load this file twice in one process
         return
-    # print, not only log: `panel serve` shows no INFO lines by default, and the benchmark waits for this
-    print(f"servetune dashboard: warm-up of {len(started)} experiment(s) under {state.root()} done in "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    app.warmed_up = True  # type: ignore[attr-defined]
+    limit = budget_s()
+    try:
+        warm_up(limit)
+    except Exception:  # the dashboard must start even when its warm-up fails
+        log.exception("dashboard warm-up failed")
 
 
 def on_server_loaded(server_context: Any) -> None:
-    """Start the warm-up in a background thread (the server answers meanwhile)."""
-    threading.Thread(target=_warm, name="dashboard-warm-up", daemon=True).start()
+    """Nothing left to do: the warm-up ran when Bokeh loaded this file, before the port opened."""
+
+
+_start()

@@ -201,6 +201,20 @@ class Page:
             self.page.wait_for_timeout(250)
         raise AssertionError(f"{selector}[{name}] never satisfied the condition; last value {value!r}")
 
+    def drag_on_plot(self, x0: float, y0: float, x1: float, y1: float) -> None:
+        """Drag with the mouse across the first plot canvas, from ``(x0, y0)`` to ``(x1, y1)`` as
+        fractions of its box (the canvas also holds the title and axes: a drag meant for the frame
+        must start inside it)."""
+        canvas = self.page.locator("canvas").first
+        canvas.wait_for(state="visible", timeout=PAGE_TIMEOUT_MS)
+        self.page.wait_for_timeout(1500)  # let BokehJS attach its tools
+        box = canvas.bounding_box()
+        assert box is not None
+        self.page.mouse.move(box["x"] + x0 * box["width"], box["y"] + y0 * box["height"])
+        self.page.mouse.down()
+        self.page.mouse.move(box["x"] + x1 * box["width"], box["y"] + y1 * box["height"], steps=10)
+        self.page.mouse.up()
+
     def shot(self, name: str) -> None:
         ARTIFACTS.mkdir(exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
@@ -241,6 +255,32 @@ def test_every_page_loads_without_console_errors(served: Served, browser, page: 
         tab.close()
 
 
+def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
+    """Every experiment is loaded and the largest one's Pareto explorer built once before Bokeh
+    announces its URL, so the first visit costs no more than later ones."""
+    lines = served.log.read_text(encoding="utf-8", errors="replace").splitlines()
+
+    def first(text: str) -> int:
+        hits = [i for i, line in enumerate(lines) if text in line]
+        assert hits, f"no line with {text!r} in the server log:\n" + "\n".join(lines[:40])
+        return hits[0]
+
+    names = sorted(p.name for p in served.root.iterdir())
+    assert len([ln for ln in lines if "servetune dashboard: [" in ln and " loaded (" in ln]) == len(names), lines[:20]
+    rehearsed = first("servetune dashboard: rehearsed the pareto page of big")  # the largest (24k configs)
+    done = first(f"servetune dashboard: warm-up of {len(names)} experiment(s)")
+    assert first("servetune dashboard: loading") < rehearsed < done < first("Bokeh app running at")
+
+
+def test_a_bad_warm_up_limit_stops_the_server_with_its_name(tmp_path: Path) -> None:
+    panel = str(Path(sys.executable).with_name("panel"))
+    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(tmp_path), SERVETUNE_DASHBOARD_WARM_UP_S="soon")
+    proc = subprocess.run([panel, "serve", "dashboards/", "--port", str(_free_port()), "--address", "127.0.0.1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "SERVETUNE_DASHBOARD_WARM_UP_S='soon' is not a number of seconds" in proc.stdout + proc.stderr
+
+
 def test_pareto_filters_change_what_is_shown(served: Served, browser) -> None:
     tab = Page(browser, served.url("page=pareto&experiment=planted"))
     try:
@@ -264,20 +304,11 @@ def test_selecting_a_trial_opens_its_logs(served: Served, browser) -> None:
     try:
         n = int(tab.attr(".st-table-note", "data-rows"))
         assert n == 6  # every trial of the real sweep (no filter narrowed yet)
-        # box-select the whole plot: the table follows the selection (linked selection)
-        canvas = tab.page.locator("canvas").first
-        canvas.wait_for(state="visible", timeout=PAGE_TIMEOUT_MS)
-        tab.page.wait_for_timeout(1500)  # let BokehJS attach its tools
-        box = canvas.bounding_box()
-        assert box is not None
-        # drag across the plot frame (the canvas also holds the title and axes: a drag must start inside
-        # the frame; the points sit inside the frame's 15% padding); box select is the active drag tool
+        # box-select the whole plot frame (the points sit inside its 15% padding; box select is the
+        # active drag tool): the table follows the selection (linked selection)
         selected = tab.page.locator(".st-table-note", has_text="selected configs")
-        for x0, y0, x1, y1 in ((0.10, 0.085, 0.97, 0.93), (0.14, 0.12, 0.93, 0.86)):
-            tab.page.mouse.move(box["x"] + x0 * box["width"], box["y"] + y0 * box["height"])
-            tab.page.mouse.down()
-            tab.page.mouse.move(box["x"] + x1 * box["width"], box["y"] + y1 * box["height"], steps=10)
-            tab.page.mouse.up()
+        for frac in ((0.10, 0.085, 0.97, 0.93), (0.14, 0.12, 0.93, 0.86)):
+            tab.drag_on_plot(*frac)
             try:
                 selected.wait_for(timeout=20_000)
                 break
@@ -315,16 +346,7 @@ def test_a_large_cloud_is_rasterised_and_box_selection_narrows_the_table(served:
         assert tab.attr(".st-pareto-summary", "data-cloud") == "raster"
         assert int(tab.attr(".st-pareto-summary", "data-points")) > DATASHADE_ABOVE
         total = int(tab.attr(".st-table-note", "data-rows"))
-        canvas = tab.page.locator("canvas").first
-        canvas.wait_for(state="visible", timeout=PAGE_TIMEOUT_MS)
-        tab.page.wait_for_timeout(1500)  # let BokehJS attach its tools
-        box = canvas.bounding_box()
-        assert box is not None
-        # a box over the left part of the frame: some configs fall inside, not all
-        tab.page.mouse.move(box["x"] + 0.15 * box["width"], box["y"] + 0.12 * box["height"])
-        tab.page.mouse.down()
-        tab.page.mouse.move(box["x"] + 0.5 * box["width"], box["y"] + 0.9 * box["height"], steps=10)
-        tab.page.mouse.up()
+        tab.drag_on_plot(0.15, 0.12, 0.5, 0.9)  # a box over the left part of the frame: some configs inside, not all
         tab.page.locator(".st-table-note", has_text="selected configs").wait_for(timeout=PAGE_TIMEOUT_MS)
         rows = int(tab.attr(".st-table-note", "data-rows"))
         assert 0 < rows < total, (rows, total)

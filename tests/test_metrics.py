@@ -71,6 +71,21 @@ def test_achieved_rate_and_client_fell_behind() -> None:
     assert summarize(lagging, window_s=3.0).client_fell_behind
 
 
+def test_closed_loop_lag_tolerance_scales_with_request_latency() -> None:
+    """15 ms of p99 lag: too much for an arrival process (it moves arrivals), and for a closed loop of
+    0.5 s requests (10 ms floor), but 0.5% of the load in a closed loop of 3 s requests (tolerance
+    1% of the median latency, 30 ms)."""
+    def run(latency_ms: float) -> list[RequestSample]:
+        return [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + latency_ms, 1, [i * 100.0 + 1], lag_ms=15)
+                for i in range(30)]
+
+    assert summarize(run(3000), window_s=3.0, offered_rate=10.0).client_fell_behind
+    assert summarize(run(500), window_s=3.0).client_fell_behind
+    long = summarize(run(3000), window_s=3.0)
+    assert long.sched_lag_p99_ms == pytest.approx(15.0) and not long.client_fell_behind
+    assert summarize(run(3000), window_s=3.0, closed_loop_lag_fraction=0.001).client_fell_behind
+
+
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window_s"):
         summarize([], window_s=0)

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import holoviews as hv
 import panel as pn
+from panel.io.callbacks import PeriodicCallback
 
 from dashboards.app import state
 
@@ -84,10 +86,11 @@ def _query_args() -> dict[str, str]:
 
 
 class App:
-    """One browser session's dashboard."""
+    """One browser session's dashboard: the page its URL query names (or ``args``). ``live=False``
+    builds it without the periodic refresh (the server's warm-up rehearsal, :func:`rehearse`)."""
 
-    def __init__(self) -> None:
-        self.args = _query_args()
+    def __init__(self, args: dict[str, str] | None = None, live: bool = True) -> None:
+        self.args = _query_args() if args is None else dict(args)
         names = [e.name for e in state.list_experiments()]
         wanted = self.args.get("experiment")
         #: an experiment the URL asked for that does not exist yet (a sweep about to start): chosen when it appears
@@ -108,7 +111,12 @@ class App:
             pn.state.location.sync(self.experiment, {"value": "experiment"})
         self._show()
         self._names = names
-        self._callback = pn.state.add_periodic_callback(self._tick, period=REFRESH_MS) if pn.state.curdoc else None
+        self._callback = None
+        if pn.state.curdoc is not None and live:
+            # background: the refresh does not flag the session busy (Panel's busy state is shared by
+            # every session, so a busy flag per tick made every open page repaint its indicator)
+            self._callback = PeriodicCallback(callback=self._tick, period=REFRESH_MS, background=True, log=False)
+            self._callback.start()
 
     def _url_experiment(self) -> str | None:
         """The experiment the page's URL names now (the user's last choice), None without a location."""
@@ -175,11 +183,37 @@ class App:
         return tmpl
 
 
-def build() -> pn.template.BootstrapTemplate:
-    """The dashboard of one browser session (called by ``dashboards/main.py``)."""
+def build(args: dict[str, str] | None = None, live: bool = True) -> pn.template.BootstrapTemplate:
+    """The dashboard of one browser session (called by ``dashboards/main.py``); ``args`` and
+    ``live`` as :class:`App`'s."""
     hv.extension("bokeh", logo=False)
     pn.extension("tabulator", raw_css=[_STYLE], notifications=False)
-    return App().template()
+    return App(args, live).template()
+
+
+def rehearse(experiment: str | None, page: str) -> None:
+    """Build ``page`` of ``experiment`` once in a throwaway Bokeh document, every model of it, as a
+    browser session's first request does; the server's warm-up calls this so that its first real
+    session finds the modules imported, datashader's kernels compiled and the page's per-version
+    caches filled (the first visit otherwise took about a second longer than the next ones)."""
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    doc = Document()
+    with set_curdoc(doc):
+        args = {"page": page, **({"experiment": experiment} if experiment else {})}
+        build(args, live=False).server_doc(doc)
+    # what Bokeh does when a session ends (bokeh.application.handlers.document_lifecycle): run the
+    # document's end-of-session hooks, by which Panel releases the page's models (they read only the
+    # ending session's document and id), logging rather than raising what fails
+    ending = SimpleNamespace(id=f"rehearsal-{id(doc)}", _document=doc)
+    hooks, doc.session_destroyed_callbacks = doc.session_destroyed_callbacks, set()
+    for hook in hooks:
+        try:
+            hook(ending)
+        except Exception as exc:
+            log.debug("end-of-session hook %s of the rehearsal failed: %s", hook, exc)
+    doc.clear()
 
 
 def on_result(fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:

@@ -161,18 +161,35 @@ def page_options(folder: Any) -> PageOptions:
     return state._cached(("pareto-options", str(folder), version), make)
 
 
+def cloud_points(xs: np.ndarray, ys: np.ndarray, x: str, y: str) -> hv.Points:
+    """The rasterised cloud's points: columns always named ``x`` and ``y`` (labelled with the
+    metrics), so datashader's numba kernels, compiled per column layout, are compiled once per
+    process rather than once per metric pair."""
+    return hv.Points(pd.DataFrame({"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}),
+                     [hv.Dimension("x", label=x), hv.Dimension("y", label=y)])
+
+
+def rasterised(cloud: hv.Points, dynamic: bool = True) -> Any:
+    """The datashaded cloud as the Pareto explorer draws it (box select is its active drag tool)."""
+    from holoviews.operation.datashader import dynspread, rasterize
+
+    return dynspread(rasterize(cloud, dynamic=dynamic).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
+                                                            active_tools=["box_select"]))
+
+
 _COMPILED = False
 
 
 def compile_datashader() -> None:
-    """Rasterise a few points once per process, so numba's compilation (seconds) happens during the
-    warm-up rather than at a user's first look at a large front."""
+    """Rasterise and spread a few points once per process (plain operations, no plotting backend
+    needed), so numba's compilation of the kernels :func:`rasterised` runs (seconds) happens during
+    a warm-up rather than at a user's first look at a large front."""
     global _COMPILED
     if _COMPILED:
         return
-    from holoviews.operation.datashader import rasterize
+    from holoviews.operation.datashader import dynspread, rasterize
 
-    rasterize(hv.Points(pd.DataFrame({"x": np.arange(10.0), "y": np.arange(10.0)}), ["x", "y"]), dynamic=False)
+    dynspread(rasterize(cloud_points(np.arange(10.0), np.arange(10.0), "a", "b"), dynamic=False), dynamic=False)
     _COMPILED = True
 
 
@@ -283,19 +300,23 @@ class ParetoPage(pn.viewable.Viewer):
         if pts.empty:
             return hv.Text(0, 0, "no config has both metrics after these filters")
         front_pts = pts[pts["front"] == "on front"].sort_values(x)
-        lines = hv.Overlay([hv.Curve(sub.sort_values(x), x, y).opts(color="crimson", line_width=1.5)
-                            for _, sub in front_pts.groupby("group")])
         vdims = ["config", "front", "p_front", "repeats", "group", "config_id"]
         if len(pts) > DATASHADE_ABOVE:
-            from holoviews.operation.datashader import dynspread, rasterize
-
-            cloud = hv.Points(pts[[x, y]], [x, y])
-            raster = dynspread(rasterize(cloud).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
-                                                     active_tools=["box_select"]))
+            # generic x/y dimension names (labelled with the metrics): see cloud_points
+            xd, yd = hv.Dimension("x", label=x), hv.Dimension("y", label=y)
+            raster = rasterised(cloud_points(pts[x].to_numpy(), pts[y].to_numpy(), x, y))
             stream = hv.streams.BoundsXY(source=raster)
             stream.add_subscriber(self._on_bounds)
-            marks = hv.Points(front_pts, [x, y], vdims).opts(color="crimson", size=6, tools=["hover"])
-            return (raster * lines * marks).opts(hv.opts.Overlay(responsive=True, height=480, title=f"{y} vs {x}"))
+            front_xy = front_pts.rename(columns={x: "x", y: "y"})
+            lines = hv.Overlay([hv.Curve(sub, xd, yd).opts(color="crimson", line_width=1.5)
+                                for _, sub in front_xy.groupby("group")])
+            marks = hv.Points(front_xy, [xd, yd], vdims).opts(color="crimson", size=6, tools=["hover"])
+            # an image and a few hundred marks: the plain canvas backend (WebGL buys nothing here and
+            # costs a slow blit where the browser has no GPU)
+            return (raster * lines * marks).opts(hv.opts.Overlay(
+                responsive=True, height=480, title=f"{y} vs {x}", backend_opts={"plot.output_backend": "canvas"}))
+        lines = hv.Overlay([hv.Curve(sub.sort_values(x), x, y).opts(color="crimson", line_width=1.5)
+                            for _, sub in front_pts.groupby("group")])
         points = hv.Points(pts, [x, y], vdims).opts(
             color="front", cmap={"on front": "crimson", "dominated": "steelblue"}, size=8, alpha=0.8,
             tools=["hover", "tap", "box_select", "lasso_select"], active_tools=["box_select"], legend_position="top_right",
