@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from analysis.surrogate import clear_cache as clear_surrogates
 from benchmarks.analysis.util import median, say, timed
 
 PARETO_METRICS = ("output_throughput", "ttft_ms_p99")
@@ -67,15 +68,6 @@ def _short(path: str) -> str:
     return path.rsplit("/", 2)[-1] if "/" in path else path
 
 
-def _cold() -> None:
-    """Forget cached surrogate fits so that every run pays for its fits (no reuse across runs)."""
-    try:
-        from analysis.surrogate import clear_cache
-    except ImportError:
-        return
-    clear_cache()
-
-
 def full_analysis(n_configs: int = 10_000, n_params: int = 12, n_boot: int = 100, repeats: int = 3,
                   seed: int = 0, profile: bool = False) -> dict[str, Any]:
     """Part (a): ``repeats`` runs of :func:`analysis.report.analyze`; per-section and total wall times."""
@@ -92,7 +84,7 @@ def full_analysis(n_configs: int = 10_000, n_params: int = 12, n_boot: int = 100
         def progress(i: int, total: int, name: str, r: int = r) -> None:
             say(f"  run {r + 1}: section {i + 1}/{total} {name}" if i < total else f"  run {r + 1}: done")
 
-        _cold()
+        clear_surrogates()  # every timing pays for its surrogate fits (none reused)
         doc, total_s = timed(lambda: analyze(ds, n_boot=n_boot, seed=seed, progress=progress))
         runs.append({"total_s": total_s, "sections_s": dict(doc.get("timings_s", {}))})
         say(f"  run {r + 1}: {total_s:.1f} s " + ", ".join(f"{k} {v:.1f}" for k, v in doc["timings_s"].items()))
@@ -110,7 +102,7 @@ def full_analysis(n_configs: int = 10_000, n_params: int = 12, n_boot: int = 100
     }
     if profile:
         say("scale (a): cProfile of one more run")
-        _cold()
+        clear_surrogates()  # every timing pays for its surrogate fits (none reused)
         out["profile"] = _profile(lambda: analyze(ds, n_boot=n_boot, seed=seed), top=40)
     return out
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from analysis.surrogate import clear_cache as clear_surrogates
 from analysis.synthetic import planted
 from benchmarks.analysis import optuna_side
 from benchmarks.analysis.util import median, say, timed
@@ -73,18 +74,9 @@ def ours(ds: Any, n_boot: int, seed: int) -> tuple[list[str], list[str], dict[st
     """Our importance: (ranking best first, parameters flagged as noise, scores, ok trials used, notes)."""
     from analysis.importance import importance
 
-    _cold()
+    clear_surrogates()  # every timing pays for its surrogate fits (none reused)
     res = importance(ds, n_boot=n_boot, seed=seed)
     return _read_ours(res)
-
-
-def _cold() -> None:
-    """Forget the surrogate cache, so every timing includes fitting (no fit reused across calls)."""
-    try:
-        from analysis.surrogate import clear_cache
-    except ImportError:
-        return
-    clear_cache()
 
 
 def _read_ours(res: Any) -> tuple[list[str], list[str], dict[str, float], int, list[str]]:

@@ -11,8 +11,8 @@ navigation start to the page's content being in the DOM with its plot canvas dra
   cloud drawn (blue pixels: see ``READY_JS``).
 
 Render times are taken in the page: the first animation frame in which that is true, counted from
-the navigation's request (playwright's own polling notices it 0.1-0.7 s later on this machine, which
-an earlier version of this benchmark included).
+the navigation's request (playwright's own polling noticed it about 0.7 s later in the visits traced,
+which an earlier version of this benchmark included).
 
 The server warms up before it opens its port (``dashboards/app_hooks.py``: it loads every dataset,
 its trial table and the default front of a large one, and builds the Pareto explorer once), so
@@ -168,9 +168,9 @@ CLOUD_PIXELS = 500
 def timed(browser: Any, url: str, ready: list[str], errors: list[str], cloud: bool = False) -> float:
     """Seconds from the navigation's request until the first animation frame in which every selector
     in ``ready`` is shown (and, with ``cloud``, a plot canvas has its points drawn), timed in the page
-    (:data:`READY_JS`): what a person sees, not when playwright's polling notices it (0.1-0.7 s later
-    here). The page's clock starts at its ``performance.timeOrigin``; the few milliseconds between
-    the request and that origin are added from the wall clock."""
+    (:data:`READY_JS`): what a person sees, not when playwright's polling notices it (about 0.7 s
+    later in the visits traced). The page's clock starts at its ``performance.timeOrigin``; the few
+    milliseconds between the request and that origin are added from the wall clock."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.add_init_script(READY_JS % (json.dumps({"selectors": ready, "cloud": cloud}), CLOUD_PIXELS))
