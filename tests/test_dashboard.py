@@ -272,6 +272,27 @@ def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
     assert first("servetune dashboard: loading") < rehearsed < done < first("Bokeh app running at")
 
 
+def test_the_rasterised_front_lies_inside_the_plot_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front's extreme configs are the cloud's edges: the plot pads its ranges so that their
+    marks are not cut by the frame (in-process, the plot Bokeh would draw)."""
+    import holoviews as hv
+
+    from dashboards.app import Context
+    from dashboards.app.pareto import ParetoPage
+
+    build_big(tmp_path / "big")
+    monkeypatch.setenv("SERVETUNE_RESULTS_ROOT", str(tmp_path))
+    hv.extension("bokeh", logo=False)
+    page = ParetoPage(Context("big", tmp_path / "big", {}, lambda *a, **k: None))
+    fig = hv.render(page.plot.object, backend="bokeh")
+    assert fig.output_backend == "canvas"
+    x, y = page.x.value, page.y.value
+    front = page.points[page.points["front"] == "on front"]
+    assert len(front) > 3
+    assert fig.x_range.start < page.points[x].min() <= front[x].min() and front[x].max() < fig.x_range.end
+    assert fig.y_range.start < front[y].min() and page.points[y].max() < fig.y_range.end
+
+
 def test_a_bad_warm_up_limit_stops_the_server_with_its_name(tmp_path: Path) -> None:
     panel = str(Path(sys.executable).with_name("panel"))
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(tmp_path), SERVETUNE_DASHBOARD_WARM_UP_S="soon")

@@ -312,9 +312,11 @@ class ParetoPage(pn.viewable.Viewer):
                                 for _, sub in front_xy.groupby("group")])
             marks = hv.Points(front_xy, [xd, yd], vdims).opts(color="crimson", size=6, tools=["hover"])
             # an image and a few hundred marks: the plain canvas backend (WebGL buys nothing here and
-            # costs a slow blit where the browser has no GPU)
+            # costs a slow blit where the browser has no GPU); padding keeps the front's extreme
+            # configs (the cloud's edges) off the frame's border
             return (raster * lines * marks).opts(hv.opts.Overlay(
-                responsive=True, height=480, title=f"{y} vs {x}", backend_opts={"plot.output_backend": "canvas"}))
+                responsive=True, height=480, padding=0.05, title=f"{y} vs {x}",
+                backend_opts={"plot.output_backend": "canvas"}))
         lines = hv.Overlay([hv.Curve(sub.sort_values(x), x, y).opts(color="crimson", line_width=1.5)
                             for _, sub in front_pts.groupby("group")])
         points = hv.Points(pts, [x, y], vdims).opts(
