@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median
-from benchmarks.loadgen.points import Point, ladder_done, requests_for
-from benchmarks.loadgen.procs import progress, write_json
+from benchmarks.loadgen import ladder
+from benchmarks.loadgen.ladder import Measure
+from benchmarks.loadgen.points import Point
 from benchmarks.loadgen.sse import MODEL, OUTPUT_TOKENS, PROMPT_TOKENS
 from daemon.loadgen import run_load_point
 from servetune.metrics import summarize
@@ -67,78 +65,54 @@ def clear_hook(url: str | None) -> Callable[[], None] | None:
     return hook
 
 
-def run_ladder(args: argparse.Namespace) -> None:
-    rates = [float(r) for r in args.rates.split(",")]
-    out: dict[str, Any] = {"client": CLIENT, "points": [], "samples": []}
-    ratios: list[float] = []
-    for rate in rates:
-        runs: list[Point] = []
-        for rep in range(args.repeats):
-            n = requests_for(rate, args.seconds, args.min_requests)
-            lp = LoadPoint(
-                name=f"r{rate:g}-{rep}",
-                request_rate=rate,
-                arrival=args.arrival,
-                num_requests=n,
-                input_len=PROMPT_TOKENS,
-                output_len=OUTPUT_TOKENS,
-                warmup_requests=args.warmup,
-                seed=rep,
+def measure(args: argparse.Namespace) -> Measure:
+    """One point: ``run_load_point`` with a :class:`~servetune.spec.LoadPoint` of the rate."""
+
+    def one(rate: float, rep: int, n: int, out: dict[str, Any]) -> Point:
+        lp = LoadPoint(
+            name=f"r{rate:g}-{rep}",
+            request_rate=rate,
+            arrival=args.arrival,
+            num_requests=n,
+            input_len=PROMPT_TOKENS,
+            output_len=OUTPUT_TOKENS,
+            warmup_requests=args.warmup,
+            seed=rep,
+        )
+        deadline_s = n / rate + args.warmup + 60.0
+        _, result = run_load_point(
+            args.base_url,
+            MODEL,
+            TINY_VOCAB_SIZE,
+            lp,
+            deadline_s,
+            on_measure_start=clear_hook(args.clear_url),
+            request_timeout_s=30.0,
+            drain_timeout_s=10.0,
+        )
+        if args.samples:
+            out["samples"].append(
+                {
+                    "offered": rate,
+                    "repeat": rep,
+                    "send_ns": [s.send_ns for s in result.samples],
+                    "first_token_ns": [s.first_token_ns for s in result.samples],
+                    "end_ns": [s.end_ns for s in result.samples],
+                    "error": [s.error for s in result.samples],
+                }
             )
-            deadline_s = n / rate + args.warmup + 60.0
-            _, result = run_load_point(
-                args.base_url,
-                MODEL,
-                TINY_VOCAB_SIZE,
-                lp,
-                deadline_s,
-                on_measure_start=clear_hook(args.clear_url),
-                request_timeout_s=30.0,
-                drain_timeout_s=10.0,
-            )
-            p = point_from(rate, result.samples, result.window_s)
-            p.extra["repeat"] = rep
-            runs.append(p)
-            out["points"].append(p.to_json())
-            if args.samples:
-                out["samples"].append(
-                    {
-                        "offered": rate,
-                        "repeat": rep,
-                        "send_ns": [s.send_ns for s in result.samples],
-                        "first_token_ns": [s.first_token_ns for s in result.samples],
-                        "end_ns": [s.end_ns for s in result.samples],
-                        "error": [s.error for s in result.samples],
-                    }
-                )
-            write_json(Path(args.out), out)
-            progress(
-                f"{CLIENT} {rate:g} req/s (run {rep + 1}/{args.repeats}): achieved {p.achieved:.1f} "
-                f"({p.ratio:.4f}), {p.n_errors} errors, TTFT p50 {p.ttft_ms['p50']:.3f} ms"
-            )
-        ratios.append(median([p.ratio for p in runs]))
-        if args.stop_early and ladder_done(ratios):
-            progress(f"{CLIENT}: stopping the ladder after {rate:g} req/s (two rates unsustained)")
-            return
+        return point_from(rate, result.samples, result.window_s)
+
+    return one
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--base-url", required=True)
-    ap.add_argument("--rates", required=True, help="comma-separated offered rates (req/s)")
-    ap.add_argument("--seconds", type=float, default=4.0, help="offered seconds per point")
-    ap.add_argument("--min-requests", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap = ladder.parser(__doc__)
     ap.add_argument("--arrival", choices=["constant", "poisson"], default="constant")
-    ap.add_argument("--stop-early", action="store_true", help="stop after two unsustained rates")
     ap.add_argument("--samples", action="store_true", help="also write every request's times")
     ap.add_argument("--clear-url", help="GET this URL between warm-up and measurement")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    start = time.monotonic()
-    run_ladder(args)
-    progress(f"{CLIENT}: ladder done in {time.monotonic() - start:.1f} s")
+    ladder.run(args, CLIENT, measure(args), out={"samples": []})
     return 0
 
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median
-from benchmarks.loadgen.points import Point, ladder_done, requests_for
-from benchmarks.loadgen.procs import progress, write_json
+from benchmarks.loadgen import ladder
+from benchmarks.loadgen.ladder import Measure
+from benchmarks.loadgen.points import Point
 from benchmarks.loadgen.sse import MODEL, OUTPUT_TOKENS, PROMPT_TOKENS
 
 CLIENT = "vllm bench serve"
@@ -77,7 +76,8 @@ def point_from(rate: float, result: dict[str, Any]) -> Point:
     )
 
 
-def run_ladder(args: argparse.Namespace) -> None:
+def measure(args: argparse.Namespace) -> Measure:
+    """One point: ``vllm bench serve``'s own ``add_cli_args`` + ``main`` for the rate."""
     # Imported here: vLLM takes seconds to import and --help should not wait for it.
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
@@ -85,50 +85,24 @@ def run_ladder(args: argparse.Namespace) -> None:
 
     if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
         raise SystemExit("vLLM's start_times use time.perf_counter, which is not CLOCK_MONOTONIC here")
-    rates = [float(r) for r in args.rates.split(",")]
-    out: dict[str, Any] = {"client": CLIENT, "points": []}
-    ratios: list[float] = []
-    for rate in rates:
-        runs: list[Point] = []
-        for rep in range(args.repeats):
-            n = requests_for(rate, args.seconds, args.min_requests)
-            filename = f"vllm_r{rate:g}_{rep}.json"
-            parser = FlexibleArgumentParser()
-            add_cli_args(parser)
-            bench_args = parser.parse_args(vllm_argv(args, rate, n, rep, filename))
-            result = bench_main(bench_args)
-            p = point_from(rate, result)
-            p.extra["repeat"] = rep
-            p.extra["result_file"] = filename
-            runs.append(p)
-            out["points"].append(p.to_json())
-            write_json(Path(args.out), out)
-            progress(
-                f"{CLIENT} {rate:g} req/s (run {rep + 1}/{args.repeats}): achieved {p.achieved:.1f} "
-                f"({p.ratio:.4f}), {p.n_errors} errors, TTFT p50 {p.ttft_ms['p50']:.3f} ms"
-            )
-        ratios.append(median([p.ratio for p in runs]))
-        if args.stop_early and ladder_done(ratios):
-            progress(f"{CLIENT}: stopping the ladder after {rate:g} req/s (two rates unsustained)")
-            return
+
+    def one(rate: float, rep: int, n: int, out: dict[str, Any]) -> Point:
+        filename = f"vllm_r{rate:g}_{rep}.json"
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        p = point_from(rate, bench_main(parser.parse_args(vllm_argv(args, rate, n, rep, filename))))
+        p.extra["result_file"] = filename
+        return p
+
+    return one
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--base-url", required=True)
+    ap = ladder.parser(__doc__)
     ap.add_argument("--tokenizer", required=True, help="the tiny model directory")
-    ap.add_argument("--rates", required=True, help="comma-separated offered rates (req/s)")
-    ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--min-requests", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--stop-early", action="store_true")
     ap.add_argument("--result-dir", required=True, help="where vLLM saves its JSON results")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    start = time.monotonic()
-    run_ladder(args)
-    progress(f"{CLIENT}: ladder done in {time.monotonic() - start:.1f} s")
+    ladder.run(args, CLIENT, measure(args))
     return 0
 
 
