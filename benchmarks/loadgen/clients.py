@@ -127,14 +127,16 @@ def _ladder_timeout(setup: Setup, startup_s: float) -> float:
     return startup_s + setup.repeats * sum(per_point)
 
 
-def run_ours(setup: Setup, children: Children) -> ToolRun:
-    run = ToolRun("servetune", loadavg=(os.getloadavg()[0], 0.0))
-    out = setup.out_dir / "ours.json"
-    logf = setup.out_dir / "ours.log"
-    argv = [setup.python, "-m", "benchmarks.loadgen.drive_ours", *_ladder_args(setup), "--out", str(out)]
-    child = Child("servetune driver", argv, logf, cpus=setup.client_cpus, cwd=setup.repo, env=setup.env())
+def _run_driver(setup: Setup, children: Children, tool: str, module: str, extra: list[str],
+                env: dict[str, str], startup_s: float) -> ToolRun:
+    """Run a ladder driver (``python -m MODULE``) pinned to the client CPUs; its points, CPU and log."""
+    run = ToolRun(tool, loadavg=(os.getloadavg()[0], 0.0))
+    stem = "ours" if tool == "servetune" else "vllm"
+    out, logf = setup.out_dir / f"{stem}.json", setup.out_dir / f"{stem}.log"
+    argv = [setup.python, "-m", module, *_ladder_args(setup), *extra, "--out", str(out)]
+    child = Child(f"{tool} driver", argv, logf, cpus=setup.client_cpus, cwd=setup.repo, env=env)
     start = time.monotonic()
-    sampler = run_child(setup, children, child, _ladder_timeout(setup, 60), "servetune")
+    sampler = run_child(setup, children, child, _ladder_timeout(setup, startup_s), tool)
     run.wall_s = time.monotonic() - start
     run.points = _driver_points(out)
     _attach_cpu(run.points, sampler)
@@ -142,27 +144,16 @@ def run_ours(setup: Setup, children: Children) -> ToolRun:
     run.logs = [str(logf)]
     run.loadavg = (run.loadavg[0], os.getloadavg()[0])
     return run
+
+
+def run_ours(setup: Setup, children: Children) -> ToolRun:
+    return _run_driver(setup, children, "servetune", "benchmarks.loadgen.drive_ours", [], setup.env(), 60)
 
 
 def run_vllm(setup: Setup, children: Children) -> ToolRun:
-    run = ToolRun("vllm bench serve", loadavg=(os.getloadavg()[0], 0.0))
-    out = setup.out_dir / "vllm.json"
-    logf = setup.out_dir / "vllm.log"
-    argv = [
-        setup.python, "-m", "benchmarks.loadgen.drive_vllm", *_ladder_args(setup),
-        "--tokenizer", str(setup.tiny_dir), "--result-dir", str(setup.out_dir), "--out", str(out),
-    ]  # fmt: skip
-    env = setup.env(VLLM_TARGET_DEVICE="cpu")
-    child = Child("vllm bench serve driver", argv, logf, cpus=setup.client_cpus, cwd=setup.repo, env=env)
-    start = time.monotonic()
-    sampler = run_child(setup, children, child, _ladder_timeout(setup, 180), "vllm bench serve")
-    run.wall_s = time.monotonic() - start
-    run.points = _driver_points(out)
-    _attach_cpu(run.points, sampler)
-    run.process_cpu_s = child.cpu_s or 0.0
-    run.logs = [str(logf)]
-    run.loadavg = (run.loadavg[0], os.getloadavg()[0])
-    return run
+    extra = ["--tokenizer", str(setup.tiny_dir), "--result-dir", str(setup.out_dir)]
+    return _run_driver(setup, children, "vllm bench serve", "benchmarks.loadgen.drive_vllm", extra,
+                       setup.env(VLLM_TARGET_DEVICE="cpu"), 180)
 
 
 # --------------------------------------------------------------------------- GuideLLM

@@ -9,6 +9,7 @@ asked for ``OUTPUT_TOKENS`` tokens of a ``PROMPT_TOKENS``-token prompt.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 #: Token chunks per streamed response.
@@ -29,52 +30,30 @@ def _usage(n_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": PROMPT_TOKENS, "total_tokens": PROMPT_TOKENS + n_tokens, "completion_tokens": n_tokens}
 
 
-def completion_events(n_tokens: int = OUTPUT_TOKENS) -> list[bytes]:
-    """The events of one ``/v1/completions`` stream, ``[DONE]`` included."""
-    base: dict[str, Any] = {"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL}
+def _stream(base: dict[str, Any], content: Callable[[int], dict[str, Any]], n_tokens: int) -> list[bytes]:
+    """``n_tokens`` chunk events (``content(i)`` is token i's text or delta), then the usage event
+    and ``[DONE]``."""
     events = [
-        _event(
-            base
-            | {
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": _TEXT,
-                        "logprobs": None,
-                        "finish_reason": "length" if i == n_tokens - 1 else None,
-                    }
-                ]
-            }
-        )
+        _event(base | {"choices": [{"index": 0, **content(i), "logprobs": None,
+                                    "finish_reason": "length" if i == n_tokens - 1 else None}]})
         for i in range(n_tokens)
     ]
     events.append(_event(base | {"choices": [], "usage": _usage(n_tokens)}))
     events.append("data: [DONE]\n\n")
     return [e.encode() for e in events]
+
+
+def completion_events(n_tokens: int = OUTPUT_TOKENS) -> list[bytes]:
+    """The events of one ``/v1/completions`` stream, ``[DONE]`` included."""
+    base: dict[str, Any] = {"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL}
+    return _stream(base, lambda i: {"text": _TEXT}, n_tokens)
 
 
 def chat_events(n_tokens: int = OUTPUT_TOKENS) -> list[bytes]:
     """The events of one ``/v1/chat/completions`` stream, ``[DONE]`` included."""
     base: dict[str, Any] = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-    events = [
-        _event(
-            base
-            | {
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": _TEXT} if i == 0 else {"content": _TEXT},
-                        "logprobs": None,
-                        "finish_reason": "length" if i == n_tokens - 1 else None,
-                    }
-                ]
-            }
-        )
-        for i in range(n_tokens)
-    ]
-    events.append(_event(base | {"choices": [], "usage": _usage(n_tokens)}))
-    events.append("data: [DONE]\n\n")
-    return [e.encode() for e in events]
+    return _stream(base, lambda i: {"delta": {"role": "assistant", "content": _TEXT} if i == 0 else {"content": _TEXT}},
+                   n_tokens)
 
 
 def completion_body(n_tokens: int = OUTPUT_TOKENS) -> bytes:
