@@ -293,6 +293,31 @@ def test_the_rasterised_front_lies_inside_the_plot_frame(tmp_path: Path, monkeyp
     assert fig.y_range.start < front[y].min() and page.points[y].max() < fig.y_range.end
 
 
+def test_an_unreadable_experiment_is_logged_once_and_named_on_the_page(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A foreign or broken results.nc never breaks the listing; the page names it with the reason, the
+    log says it once per version of the file (not on every refresh), and mending it lists it again."""
+    import logging
+
+    from dashboards.app import state
+    from dashboards.app.experiments import unreadable_html
+
+    build_planted(tmp_path / "good")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.nc").write_bytes(b"not a netCDF file")
+    with caplog.at_level(logging.WARNING, logger="dashboards.app.state"):
+        for _ in range(3):  # three refresh ticks
+            infos = state.list_experiments(tmp_path)
+    assert [e.name for e in infos] == ["good"]
+    assert len([r for r in caplog.records if "broken" in r.getMessage()]) == 1, caplog.text
+    bad = state.unreadable(tmp_path)
+    assert list(bad) == ["broken"] and bad["broken"]
+    assert "data-exp='broken'" in unreadable_html(bad) and "cannot be read" in unreadable_html(bad)
+    shutil.copy(tmp_path / "good" / "results.nc", tmp_path / "broken" / "results.nc")
+    assert [e.name for e in state.list_experiments(tmp_path)] == ["broken", "good"]
+    assert state.unreadable(tmp_path) == {}
+
+
 def test_a_bad_warm_up_limit_stops_the_server_with_its_name(tmp_path: Path) -> None:
     panel = str(Path(sys.executable).with_name("panel"))
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(tmp_path), SERVETUNE_DASHBOARD_WARM_UP_S="soon")

@@ -33,6 +33,12 @@ def _duration(s: float | None) -> str:
     return f"{int(s // 3600)} h {int(s % 3600 // 60)} min" if s >= 3600 else f"{int(s // 60)} min {int(s % 60)} s"
 
 
+def unreadable_html(bad: dict[str, str]) -> str:
+    """A warning per experiment folder whose files cannot be read (``div.st-unreadable[data-exp]``)."""
+    return "".join(f"<div class='st-warn st-unreadable' data-exp='{esc(name)}'><b>{esc(name)}</b> is not listed: "
+                   f"its files cannot be read ({esc(err)})</div>" for name, err in bad.items())
+
+
 def experiments_html(infos: list[state.ExperimentInfo], chosen: str | None) -> str:
     """The experiments table (one ``tr[data-exp=NAME]`` per experiment; counts in ``td.st-<status>``)."""
     if not infos:
@@ -96,12 +102,13 @@ class ExperimentsPage(pn.viewable.Viewer):
 
     def refresh(self) -> None:
         infos = state.list_experiments()
+        bad = state.unreadable()
         chosen = next((e for e in infos if e.name == self.ctx.experiment), None)
-        sig = tuple((e.name, e.version, state.store_version(e.folder), e.running) for e in infos)
+        sig = (tuple((e.name, e.version, state.store_version(e.folder), e.running) for e in infos), tuple(bad.items()))
         if sig == self._signature:
             return
         self._signature = sig
-        self.table.object = experiments_html(infos, self.ctx.experiment)
+        self.table.object = experiments_html(infos, self.ctx.experiment) + unreadable_html(bad)
         self.live.object = live_html(chosen)
 
     def __panel__(self) -> Any:

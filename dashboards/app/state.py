@@ -127,8 +127,15 @@ class ExperimentInfo:
     version: int
 
 
+#: experiment folders whose files could not be read: folder -> ((dataset version, store version), error)
+_UNREADABLE: dict[Path, tuple[tuple[int, int], str]] = {}
+
+
 def list_experiments(base: Path | None = None) -> list[ExperimentInfo]:
-    """Every experiment under the results root (folders with ``experiment.sqlite`` or ``results.nc``)."""
+    """Every experiment under the results root (folders with ``experiment.sqlite`` or ``results.nc``).
+
+    A folder whose files cannot be read (a foreign or broken file) is left out, logged once per
+    version of its files, and listed by :func:`unreadable`."""
     base = base or root()
     out: list[ExperimentInfo] = []
     try:
@@ -139,14 +146,26 @@ def list_experiments(base: Path | None = None) -> list[ExperimentInfo]:
         has_store = (folder / DB_FILE).exists()
         has_dataset = (folder / DATASET_FILE).exists()
         if not (has_store or has_dataset):
+            _UNREADABLE.pop(folder, None)
             continue
         try:
             info = _info(folder, has_store, has_dataset)
             out.append(info)
+            _UNREADABLE.pop(folder, None)
             warm(info)
         except Exception as exc:  # a half-written or foreign file must not break the listing
-            log.warning("cannot read experiment %s: %s", folder, exc)
+            key = (version(folder), store_version(folder))
+            if _UNREADABLE.get(folder, (None,))[0] != key:
+                log.warning("cannot read experiment %s: %s", folder, exc)
+            _UNREADABLE[folder] = (key, f"{type(exc).__name__}: {exc}")
     return out
+
+
+def unreadable(base: Path | None = None) -> dict[str, str]:
+    """Experiment folders under the results root that :func:`list_experiments` left out, as of its
+    last call: name -> why."""
+    base = base or root()
+    return {folder.name: err for folder, (_, err) in sorted(_UNREADABLE.items()) if folder.parent == base}
 
 
 def _info(folder: Path, has_store: bool, has_dataset: bool) -> ExperimentInfo:
