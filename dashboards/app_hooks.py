@@ -1,5 +1,6 @@
 """Start-up of ``panel serve dashboards/``: Bokeh runs this file of the served folder once per server
-process, while it builds the application and before it opens its port.
+process, while it builds the application and before it opens its port. Like ``main.py`` it is an
+entry point that Bokeh executes, never a module anything imports, so its work runs at the bottom.
 
 The server warms up here, before it announces its URL: it loads every experiment's dataset, trial
 table and (for large ones) the default Pareto front (:func:`dashboards.app.state.warm_all`, the
