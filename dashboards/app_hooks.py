@@ -24,7 +24,6 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
-from typing import Any
 
 _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
@@ -84,9 +83,7 @@ def warm_up(limit_s: float) -> None:
     else:
         loaded = [info for info in state.list_experiments() if info.has_dataset]
         largest = max(loaded, key=lambda info: sum(info.counts.values()), default=None)
-        for name, page in ((largest.name if largest else None, "pareto"), (None, "experiments")):
-            if page == "pareto" and name is None:
-                continue
+        for name, page in [*([(largest.name, "pareto")] if largest else []), (None, "experiments")]:
             t1 = time.perf_counter()
             try:
                 rehearse(name, page)
@@ -100,18 +97,14 @@ def warm_up(limit_s: float) -> None:
 def _start() -> None:
     from dashboards import app
 
-    if getattr(app, "warmed_up", False):  # `panel serve` may load this file twice in one process
+    if app.warmed_up:  # `panel serve` loads this file twice in one process
         return
-    app.warmed_up = True  # type: ignore[attr-defined]
+    app.warmed_up = True
     limit = budget_s()
     try:
         warm_up(limit)
     except Exception:  # the dashboard must start even when its warm-up fails
         log.exception("dashboard warm-up failed")
-
-
-def on_server_loaded(server_context: Any) -> None:
-    """Nothing left to do: the warm-up ran when Bokeh loaded this file, before the port opened."""
 
 
 _start()

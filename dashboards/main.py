@@ -3,7 +3,7 @@
 Each browser session runs this file: it makes the repository importable (``panel serve`` puts only
 this folder on ``sys.path``) and serves :func:`dashboards.app.build`'s page. Experiments are read
 from the same results root as the CLI: ``$SERVETUNE_RESULTS_ROOT``, else ``./runs`` where the
-server was started. ``app_hooks.py`` next to this file starts loading them when the server starts.
+server was started. ``app_hooks.py`` next to this file loads them before the server opens its port.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ from dashboards.app import state
 log = logging.getLogger(__name__)
 
 REFRESH_MS = 1000
+#: set by ``dashboards/app_hooks.py`` once the server's warm-up ran in this process
+warmed_up = False
 
 #: page key -> navigation label, in navigation order
 PAGES: dict[str, str] = {

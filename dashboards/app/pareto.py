@@ -164,7 +164,8 @@ def page_options(folder: Any) -> PageOptions:
 def cloud_points(xs: np.ndarray, ys: np.ndarray, x: str, y: str) -> hv.Points:
     """The rasterised cloud's points: columns always named ``x`` and ``y`` (labelled with the
     metrics), so datashader's numba kernels, compiled per column layout, are compiled once per
-    process rather than once per metric pair."""
+    process (by the server's warm-up rehearsal, or the first large front drawn) rather than once
+    per metric pair."""
     return hv.Points(pd.DataFrame({"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}),
                      [hv.Dimension("x", label=x), hv.Dimension("y", label=y)])
 
@@ -175,22 +176,6 @@ def rasterised(cloud: hv.Points, dynamic: bool = True) -> Any:
 
     return dynspread(rasterize(cloud, dynamic=dynamic).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
                                                             active_tools=["box_select"]))
-
-
-_COMPILED = False
-
-
-def compile_datashader() -> None:
-    """Rasterise and spread a few points once per process (plain operations, no plotting backend
-    needed), so numba's compilation of the kernels :func:`rasterised` runs (seconds) happens during
-    a warm-up rather than at a user's first look at a large front."""
-    global _COMPILED
-    if _COMPILED:
-        return
-    from holoviews.operation.datashader import dynspread, rasterize
-
-    dynspread(rasterize(cloud_points(np.arange(10.0), np.arange(10.0), "a", "b"), dynamic=False), dynamic=False)
-    _COMPILED = True
 
 
 def default_front(folder: Any) -> None:

@@ -215,10 +215,9 @@ def warm(info: ExperimentInfo) -> Future[None] | None:
         table(info.folder)
         swept(info.folder)
         if len(table(info.folder)) > WARM_FRONT_ABOVE:
-            from dashboards.app.pareto import compile_datashader, default_front
+            from dashboards.app.pareto import default_front
 
             default_front(info.folder)
-            compile_datashader()
 
     return background(("warm", str(info.folder), info.version), work)
 
