@@ -170,14 +170,6 @@ def cloud_points(xs: np.ndarray, ys: np.ndarray, x: str, y: str) -> hv.Points:
                      [hv.Dimension("x", label=x), hv.Dimension("y", label=y)])
 
 
-def rasterised(cloud: hv.Points, dynamic: bool = True) -> Any:
-    """The datashaded cloud as the Pareto explorer draws it (box select is its active drag tool)."""
-    from holoviews.operation.datashader import dynspread, rasterize
-
-    return dynspread(rasterize(cloud, dynamic=dynamic).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
-                                                            active_tools=["box_select"]))
-
-
 def default_front(folder: Any) -> None:
     """Precompute the page's first view (used by the warm-up of large datasets)."""
     metrics = page_options(folder).metrics
@@ -287,9 +279,13 @@ class ParetoPage(pn.viewable.Viewer):
         front_pts = pts[pts["front"] == "on front"].sort_values(x)
         vdims = ["config", "front", "p_front", "repeats", "group", "config_id"]
         if len(pts) > DATASHADE_ABOVE:
+            from holoviews.operation.datashader import dynspread, rasterize
+
             # generic x/y dimension names (labelled with the metrics): see cloud_points
             xd, yd = hv.Dimension("x", label=x), hv.Dimension("y", label=y)
-            raster = rasterised(cloud_points(pts[x].to_numpy(), pts[y].to_numpy(), x, y))
+            cloud = cloud_points(pts[x].to_numpy(), pts[y].to_numpy(), x, y)
+            raster = dynspread(rasterize(cloud).opts(cmap="Blues", cnorm="eq_hist", tools=["box_select"],
+                                                     active_tools=["box_select"]))
             stream = hv.streams.BoundsXY(source=raster)
             stream.add_subscriber(self._on_bounds)
             front_xy = front_pts.rename(columns={x: "x", y: "y"})
