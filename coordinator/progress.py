@@ -74,6 +74,13 @@ class SweepProgress:
         self._current = text
         self._render()
 
+    def note(self, text: str) -> None:
+        """A warning that must stay visible (a suspect daemon, a lost lease): its own line, always."""
+        if self._progress is not None:
+            self._progress.console.print(f"[yellow]{text}")
+        else:
+            print(f"[{self.done}/{self.total}] warning: {text}", file=sys.stderr, flush=True)
+
     def trial_done(self, ok: bool, text: str) -> None:
         self.done += 1
         if not ok:

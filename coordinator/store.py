@@ -35,6 +35,7 @@ from servetune.canonical import canonical_json
 from servetune.errors import ServetuneError
 from servetune.manifest import Plan, TrialManifest
 from servetune.schema import DB_FILE
+from servetune.states import check_attempt
 
 log = logging.getLogger(__name__)
 
@@ -239,11 +240,16 @@ class Store:
                 out[a.trial_id] = a
         return out
 
-    def begin_attempt(self, trial_id: str, *, daemon_id: str, batch_id: str, spec_hash: str) -> int:
-        """Open a new attempt (``running``) and return its number (1, 2, ...)."""
+    def begin_attempt(self, trial_id: str, *, daemon_id: str, batch_id: str, spec_hash: str,
+                      attempt: int | None = None) -> int:
+        """Open a new attempt (``running``) and return its number (1, 2, ...). ``attempt``: the number
+        the caller expects (the lease epoch it grants); it must be the next one, else :class:`StoreError`."""
         with self._tx() as c:
             row = c.execute("SELECT MAX(attempt) AS n FROM attempts WHERE trial_id=?", (trial_id,)).fetchone()
-            attempt = int(row["n"] or 0) + 1
+            nxt = int(row["n"] or 0) + 1
+            if attempt is not None and attempt != nxt:
+                raise StoreError(f"trial {trial_id[:12]}: attempt {attempt} requested, but the next attempt is {nxt}")
+            attempt = nxt
             c.execute(
                 "INSERT INTO attempts(trial_id, attempt, status, daemon_id, batch_id, spec_hash, started_at_us)"
                 " VALUES (?,?,?,?,?,?,?)",
@@ -286,6 +292,7 @@ class Store:
             raise StoreError(f"trial {trial_id[:12]} has no attempt {attempt}")
         if current[0] != "running":
             raise StoreError(f"attempt {attempt} of trial {trial_id[:12]} already finished as {current[0]}")
+        check_attempt(current[0], status)
         path = self._write_result_file(trial_id, attempt, record) if record is not None else None
         with self._tx() as c:
             c.execute(
@@ -326,6 +333,38 @@ class Store:
             "UPDATE attempts SET metrics_json=? WHERE trial_id=? AND attempt=? AND status='ok'",
             (json.dumps(metrics), trial_id, attempt),
         )
+
+    def running_attempts(self) -> list[tuple[str, int, str, str]]:
+        """Attempts still ``running`` (left by a coordinator that stopped): (trial, attempt, daemon, batch)."""
+        rows = self._conn.execute(
+            "SELECT trial_id, attempt, daemon_id, batch_id FROM attempts WHERE status='running' ORDER BY rowid"
+        ).fetchall()
+        return [(r["trial_id"], int(r["attempt"]), r["daemon_id"] or "", r["batch_id"] or "") for r in rows]
+
+    def max_attempts(self) -> dict[str, int]:
+        """The highest attempt number of every trial that has one."""
+        rows = self._conn.execute("SELECT trial_id, MAX(attempt) AS n FROM attempts GROUP BY trial_id").fetchall()
+        return {r["trial_id"]: int(r["n"]) for r in rows}
+
+    def accepted_submissions(self) -> dict[tuple[str, int], str]:
+        """(trial, attempt) -> submission id of every finished attempt that came from a daemon's result."""
+        rows = self._conn.execute(
+            "SELECT trial_id, attempt, submission_id FROM attempts WHERE status!='running' AND submission_id IS NOT NULL"
+        ).fetchall()
+        return {(r["trial_id"], int(r["attempt"])): r["submission_id"] for r in rows}
+
+    def close_attempts(self, pairs: list[tuple[str, int]], reason: str) -> list[tuple[str, int]]:
+        """Close these attempts as transport failures where they are still running; returns those closed."""
+        closed = []
+        for trial_id, attempt in pairs:
+            status = self.attempt_status(trial_id, attempt)
+            if status is not None and status[0] == "running":
+                self.finish_attempt(
+                    trial_id, attempt, status="failed", failure_kind="transport", error=reason,
+                    submission_id=None, record=None, metrics=None, hardware_class=None,
+                )
+                closed.append((trial_id, attempt))
+        return closed
 
     def close_abandoned(self, reason: str) -> list[tuple[str, int]]:
         """Close every ``running`` attempt as a transport failure (its coordinator is gone)."""

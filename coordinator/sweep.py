@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,15 +27,31 @@ from typing import Any
 
 from rich.console import Console
 
+from coordinator.control import (
+    Accept,
+    BeginAttempts,
+    CloseAttempts,
+    ControlCore,
+    DaemonJoined,
+    DaemonLeft,
+    Instruction,
+    NoDaemon,
+    Notice,
+    Send,
+    Transition,
+    orphans_from,
+)
 from coordinator.dataset import write_dataset
+from coordinator.fleet import LOCAL_BIND, FleetSettings
+from coordinator.leases import BatchWork
 from coordinator.planning import plan_experiment
 from coordinator.progress import SweepProgress
-from coordinator.scheduler import BatchWork, Scheduler
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
 from coordinator.transport import RouterEndpoint
 from servetune.canonical import canonical_json
 from servetune.errors import ServetuneError
+from servetune.exitcodes import ExitCode
 from servetune.manifest import (
     Plan,
     PlannedBatch,
@@ -44,24 +61,7 @@ from servetune.manifest import (
     sweep_parent,
     swept_names,
 )
-from servetune.messages import (
-    Ack,
-    Bye,
-    Conflict,
-    Grant,
-    GrantedTrial,
-    Heartbeat,
-    Hello,
-    Message,
-    NoWork,
-    Ready,
-    Renewed,
-    Result,
-    Shutdown,
-    Stale,
-    State,
-    Welcome,
-)
+from servetune.messages import Grant
 from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
 from servetune.result import TrialOutcome
@@ -69,8 +69,8 @@ from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
 
-DAEMON_CONNECT_TIMEOUT_S = 180.0
-LEASE_SLACK_S = 120.0
+#: results.nc is rewritten at most this often while results arrive, and once at the end.
+DATASET_DEBOUNCE_S = 2.0
 
 
 class SweepInterrupted(ServetuneError):
@@ -82,8 +82,9 @@ class SweepOptions:
     results_root: Path | None = None
     dry_run: bool = False
     retry_failed: bool = False
-    bind: str = "tcp://127.0.0.1:0"
+    bind: str = LOCAL_BIND
     local_daemon: bool = True
+    fleet: FleetSettings | None = None
     daemon_command: list[str] | None = None
     daemon_args: list[str] = field(default_factory=list)
     console: Console | None = None
@@ -213,12 +214,16 @@ def expand_rate_sweeps(
 
 
 class SweepRunner:
-    """One sweep of one experiment. Not reusable: make a new runner per sweep."""
+    """One sweep of one experiment: the socket and store adapter around :class:`ControlCore`.
+
+    It feeds the core every message and a tick each loop, and carries out what the core returns
+    (persist attempts and results, send, log, show progress). Not reusable: one runner per sweep."""
 
     def __init__(self, spec: ExperimentSpec, source_text: str | None, options: SweepOptions):
         self.spec = spec
         self.source_text = source_text
         self.opts = options
+        self.fleet = options.fleet or FleetSettings()
         # Piped output (CI logs, tests) is never wrapped, so every message stays one greppable line.
         self.console = options.console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
         self.plan = plan_experiment(spec)
@@ -227,9 +232,12 @@ class SweepRunner:
         self.store: Store | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.child_daemon_id: str | None = None
-        self.sched: Scheduler | None = None
+        self.core: ControlCore | None = None
         self.progress: SweepProgress | None = None
         self.counts = {"ok": 0, "failed": 0}
+        self.no_daemon = False
+        self._dataset_dirty = False
+        self._dataset_written = 0.0
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
@@ -241,7 +249,7 @@ class SweepRunner:
     def run(self) -> SweepReport:
         if self.opts.dry_run:
             print_plan(self.plan, self.spec, output_console())
-            return SweepReport(exit_code=0, experiment_dir=None, dataset_path=None)
+            return SweepReport(exit_code=ExitCode.OK, experiment_dir=None, dataset_path=None)
         folder = experiment_dir(self.spec.name, self.opts.results_root)
         existed = (folder / "experiment.sqlite").exists()
         self.store = store = Store.open(folder)
@@ -251,13 +259,14 @@ class SweepRunner:
             store.close()
 
     def _run_with_store(self, store: Store, folder: Path, existed: bool) -> SweepReport:
+        running: list[tuple[str, int, str, str]] = []
         if existed:
-            stale = store.close_stale_sweeps()
-            abandoned = store.close_abandoned("abandoned: the coordinator that granted it stopped without a result")
-            if stale or abandoned:
+            store.close_stale_sweeps()
+            running = store.running_attempts()
+            if running:
                 self.console.print(
-                    f"[yellow]previous sweep did not finish: {len(abandoned)} running attempt(s) recorded as "
-                    "transport failures; they will be run again"
+                    f"[yellow]previous sweep did not finish: {len(running)} attempt(s) were running; each is "
+                    f"renewed if its daemon rejoins within {self.fleet.lease_ttl_s:g} s, else run again"
                 )
             previous = store.latest_spec()
             if previous is not None and previous[0] != self.spec_hash:
@@ -275,31 +284,41 @@ class SweepRunner:
         followups = expand_rate_sweeps(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed)
         self._note_labels(followups)
         work += followups
-        n_todo = sum(len(w.trials) for w in work)
+        orphans, work, unmatched = orphans_from(running, work)
+        if unmatched:
+            store.close_attempts(unmatched, "abandoned: the coordinator that granted it stopped, and the trial is "
+                                            "not in this plan")
+        n_todo = sum(len(w.trials) for w in work) + sum(len(o.work.trials) for o in orphans)
         total = len(self.plan.trials())
         if skipped:
-            n_failed_skip = sum(1 for s in skipped.values() if s != "ok")
+            n_failed_skip = sum(1 for v in skipped.values() if v != "ok")
             self.console.print(
                 f"resuming: {len(skipped)} of {total} trials already have results"
                 + (f" ({n_failed_skip} measurement failures kept; --retry-failed re-runs them)" if n_failed_skip else "")
             )
         dataset_path = write_dataset(store)
-        if not work:
+        if not work and not orphans:
             self.console.print("nothing to run: every planned trial has a result")
             print_ranking(store, self.spec, output_console(), dataset_path)
-            return SweepReport(exit_code=0, experiment_dir=folder, dataset_path=dataset_path)
+            return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
+        endpoint = RouterEndpoint(self.opts.bind)  # before the sweep is recorded: a bad --bind leaves no sweep row
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         estimate = self.plan.estimate_seconds() * n_todo / max(1, total)
-        self.sched = Scheduler(work)
+        self.core = ControlCore(
+            spec=self.spec, work=work, settings=self.fleet, coordinator_id=self.coordinator_id,
+            attempts=store.max_attempts(), accepted=store.accepted_submissions(), orphans=orphans,
+        )
         status = "finished"
-        exit_code = 0
+        exit_code: int = ExitCode.OK
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-        endpoint = RouterEndpoint(self.opts.bind)
         try:
             self.console.print(
-                f"sweep [bold]{self.spec.name}[/]: {n_todo} trial(s) in {len(work)} batch(es); coordinator on "
-                f"{endpoint.address}; results in {folder}"
+                f"sweep [bold]{self.spec.name}[/]: {n_todo} trial(s) in {len(work) + len(orphans)} batch(es); "
+                f"coordinator on {endpoint.address}; results in {folder}"
             )
+            if not self.opts.local_daemon:
+                self.console.print(f"waiting for daemons (up to {self.fleet.daemon_wait_s:g} s with none); on each "
+                                   f"node run:\n  {join_command(endpoint.address)}")
             with SweepProgress(n_todo, estimate, self.console) as progress:
                 self.progress = progress
                 if self.opts.local_daemon:
@@ -307,14 +326,14 @@ class SweepRunner:
                 try:
                     self._loop(endpoint)
                 except (KeyboardInterrupt, SweepInterrupted):
-                    status, exit_code = "interrupted", 130
-                    self.console.print("[yellow]interrupted: stopping the daemon; finished results are kept")
-                    self._abort("interrupted by user (Ctrl-C or SIGTERM)")
+                    status, exit_code = "interrupted", ExitCode.INTERRUPTED
+                    self.console.print("[yellow]interrupted: stopping the daemons; finished results are kept")
+                    self._execute(endpoint, self.core.abort("interrupted by user (Ctrl-C or SIGTERM)"))
                 except ServetuneError as exc:
-                    status, exit_code = "failed", 1
+                    status, exit_code = "failed", ExitCode.ERROR
                     self.console.print(f"[red]sweep failed: {exc}")
-                    self._abort(f"sweep failed: {exc}")
-                self._shutdown_daemons(endpoint, "sweep " + status)
+                    self._execute(endpoint, self.core.abort(f"sweep failed: {exc}"))
+                self._execute(endpoint, self.core.shutdown_all("sweep " + status))
         finally:
             signal.signal(signal.SIGTERM, old_term)
             endpoint.close()
@@ -322,17 +341,36 @@ class SweepRunner:
             store.end_sweep(sweep_id, status)
         dataset_path = write_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
-        holes = self._count_holes(store)
-        if holes and exit_code == 0:
-            self.console.print(f"[yellow]{holes} trial(s) were not measured (holes); run the sweep again to fill them")
+        holes = self._holes(store)
+        if holes:
+            self._print_holes(holes)
+            if exit_code == ExitCode.OK:
+                exit_code = ExitCode.NO_DAEMON if self.no_daemon else ExitCode.HOLES
         return SweepReport(
-            exit_code=exit_code, experiment_dir=folder, dataset_path=dataset_path, ran=self.counts["ok"] + self.counts["failed"],
-            ok=self.counts["ok"], failed=self.counts["failed"], holes=holes,
+            exit_code=exit_code, experiment_dir=folder, dataset_path=dataset_path,
+            ran=self.counts["ok"] + self.counts["failed"], ok=self.counts["ok"], failed=self.counts["failed"],
+            holes=len(holes),
         )
 
-    def _count_holes(self, store: Store) -> int:
+    def _holes(self, store: Store) -> dict[str, str]:
+        """Planned trials with no result (never run, or last lost to transport), with why."""
         latest = store.latest_finished()
-        return sum(1 for t in store.planned_trial_ids(self.spec_hash) if t not in latest)
+        holes: dict[str, str] = {}
+        for t in store.planned_trial_ids(self.spec_hash):
+            att = latest.get(t)
+            if att is None:
+                holes[t] = "never granted (the sweep stopped first)"
+            elif att.status == "failed" and att.failure_kind == "transport":
+                holes[t] = f"attempt {att.attempt} lost: {(att.error or 'transport failure').splitlines()[0]}"
+        return holes
+
+    def _print_holes(self, holes: dict[str, str]) -> None:
+        self.console.print(f"[yellow]{len(holes)} trial(s) were not measured (holes); run the sweep again to fill them:")
+        for i, (trial_id, why) in enumerate(holes.items()):
+            if i == 20:
+                self.console.print(f"  ... and {len(holes) - 20} more")
+                break
+            self.console.print(f"  {self._labels.get(trial_id, trial_id[:12])}: {why}")
 
     def _note_labels(self, work: list[BatchWork]) -> None:
         swept = swept_names(self.plan.configs().values()) or None
@@ -375,107 +413,82 @@ class SweepRunner:
     # ------------------------------------------------------------------ loop
 
     def _loop(self, endpoint: RouterEndpoint) -> None:
-        sched = self.sched
-        assert sched is not None
+        core = self.core
+        assert core is not None
         started = time.monotonic()
         budget = self.spec.budgets.sweep_timeout_s
-        lease_timeout = self.spec.budgets.server_start_timeout_s + self.spec.budgets.trial_timeout_s + LEASE_SLACK_S
-        while not sched.finished:
-            got = endpoint.recv(200)
+        while not core.finished:
+            got = endpoint.recv(50)
             if got is not None:
-                self._handle(endpoint, *got)
+                self._execute(endpoint, core.handle(*got))
+            self._execute(endpoint, core.tick())
+            self._flush_dataset()
             if self.child is not None and self.child.poll() is not None:
                 code = self.child.returncode
-                lost = sched.remove_daemon(self.child_daemon_id) if self.child_daemon_id else []
-                self._close_lost(lost, f"local daemon exited with code {code}")
+                if self.child_daemon_id:
+                    self._execute(endpoint, core.daemon_lost(self.child_daemon_id,
+                                                             f"local daemon exited with code {code}"))
                 raise ServetuneError(f"the local daemon exited with code {code}; its log: {self._daemon_log}")
-            if not sched.daemons and time.monotonic() - started > DAEMON_CONNECT_TIMEOUT_S:
-                raise ServetuneError(f"no daemon connected within {DAEMON_CONNECT_TIMEOUT_S:.0f} s")
-            for lease in sched.expired(lease_timeout):
-                self._close_lost(sched.revoke(lease.batch_id), f"lease expired: no word from daemon {lease.daemon_id}")
-            if budget is not None and not sched.stopping and time.monotonic() - started > budget:
-                left = sched.stop()
+            if budget is not None and not core.stopping and time.monotonic() - started > budget:
+                left = core.stop()
                 self.console.print(f"[yellow]sweep budget of {budget:.0f} s spent: {left} batch(es) left as holes")
+        self._flush_dataset(force=True)
 
-    def _handle(self, endpoint: RouterEndpoint, daemon_id: str, msg: Message) -> None:
-        sched = self.sched
-        store = self.store
-        assert sched is not None and store is not None and self.progress is not None
-        sched.touch(daemon_id)
-        if isinstance(msg, Hello):
-            sched.add_daemon(daemon_id)
-            if self.child is not None and msg.pid == self.child.pid:
-                self.child_daemon_id = daemon_id
-            fp = msg.capabilities.fingerprint
-            log.info("daemon %s joined: %s (%s)", daemon_id, fp.hardware_class, fp.hostname)
-            endpoint.send(daemon_id, Welcome(session_nonce=msg.session_nonce, coordinator_id=self.coordinator_id))
-            self.progress.phase(f"daemon {daemon_id} joined ({fp.hardware_class})")
-        elif daemon_id not in sched.daemons:
-            endpoint.send(daemon_id, Shutdown(reason="unknown daemon: say HELLO first"))
-        elif isinstance(msg, Ready):
-            self._on_ready(endpoint, daemon_id)
-        elif isinstance(msg, State):
-            store.record_transition(msg.trial_id, msg.epoch if msg.trial_id else None, msg.batch_id, msg.phase, msg.detail)
-            label = self._labels.get(msg.trial_id or "", msg.batch_id)
-            self.progress.phase(f"{label}: {msg.phase.replace('_', ' ')}" + (f" ({msg.detail})" if msg.detail else ""))
-        elif isinstance(msg, Result):
-            self._on_result(endpoint, daemon_id, msg)
-        elif isinstance(msg, Heartbeat):
-            endpoint.send(daemon_id, Renewed(leases=msg.leases, ttl_s=3600.0))
-        elif isinstance(msg, Bye):
-            by_signal = msg.reason.startswith("signal ")
-            lost = sched.remove_daemon(daemon_id)
-            prefix = "interrupted: " if by_signal else ""
-            self._close_lost(lost, f"{prefix}daemon {daemon_id} left: {msg.reason}")
-            if daemon_id == self.child_daemon_id and not sched.finished:
-                if by_signal:
-                    raise SweepInterrupted(f"the local daemon stopped on {msg.reason}")
-                raise ServetuneError(f"the local daemon left: {msg.reason}")
-        else:
-            log.warning("unexpected %s from daemon %s", type(msg).__name__, daemon_id)
+    def _flush_dataset(self, force: bool = False) -> None:
+        """Rewrite results.nc at most every DATASET_DEBOUNCE_S while results arrive (each result is
+        durable in the store and its own file before its ACK; the dataset is a view of them)."""
+        if not self._dataset_dirty or self.store is None:
+            return
+        if force or time.monotonic() - self._dataset_written >= DATASET_DEBOUNCE_S:
+            write_dataset(self.store)
+            self._dataset_dirty = False
+            self._dataset_written = time.monotonic()
 
-    def _on_ready(self, endpoint: RouterEndpoint, daemon_id: str) -> None:
-        sched, store = self.sched, self.store
-        assert sched is not None and store is not None
-        work = sched.take(daemon_id)
-        if work is None:
-            endpoint.send(daemon_id, Shutdown(reason="no more work") if sched.finished or sched.stopping else NoWork())
-            return
-        attempts = {
-            m.trial_id: store.begin_attempt(m.trial_id, daemon_id=daemon_id, batch_id=work.batch_id, spec_hash=self.spec_hash)
-            for m in work.trials
-        }
-        sched.grant(daemon_id, work, attempts)
-        grant = Grant(
-            batch_id=work.batch_id,
-            epoch=max(attempts.values()),
-            ttl_s=self.spec.budgets.server_start_timeout_s + self.spec.budgets.trial_timeout_s * len(work.trials),
-            model=self.spec.model,
-            backend=self.spec.backend,
-            budgets=self.spec.budgets,
-            config=work.batch.config,
-            trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
-        )
-        if not endpoint.send(daemon_id, grant):
-            self._close_lost(sched.revoke(work.batch_id), f"could not reach daemon {daemon_id}")
+    def _execute(self, endpoint: RouterEndpoint, instructions: list[Instruction]) -> None:
+        store, progress, core = self.store, self.progress, self.core
+        assert store is not None and progress is not None and core is not None
+        for ins in instructions:
+            if isinstance(ins, Send):
+                if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):
+                    self._execute(endpoint, core.daemon_lost(ins.daemon_id, f"could not reach daemon {ins.daemon_id}"))
+            elif isinstance(ins, BeginAttempts):
+                for trial_id, attempt in ins.attempts.items():
+                    store.begin_attempt(trial_id, daemon_id=ins.daemon_id, batch_id=ins.batch_id,
+                                        spec_hash=self.spec_hash, attempt=attempt)
+            elif isinstance(ins, Accept):
+                self._accept(endpoint, ins)
+            elif isinstance(ins, CloseAttempts):
+                for trial_id, attempt in store.close_attempts(ins.pairs, ins.reason):
+                    log.warning("trial %s attempt %d: transport failure: %s", trial_id[:12], attempt, ins.reason)
+                self._dataset_dirty = True
+            elif isinstance(ins, Transition):
+                store.record_transition(ins.trial_id, ins.epoch, ins.batch_id, ins.phase, ins.detail)
+                label = self._labels.get(ins.trial_id or "", ins.batch_id)
+                progress.phase(f"{label}: {ins.phase.replace('_', ' ')}" + (f" ({ins.detail})" if ins.detail else ""))
+            elif isinstance(ins, Notice):
+                log.log(ins.level, "%s", ins.text)
+                if ins.level >= logging.WARNING:
+                    progress.note(ins.text.splitlines()[0])
+                else:
+                    progress.phase(ins.text)
+            elif isinstance(ins, DaemonJoined):
+                if self.child is not None and ins.pid == self.child.pid:
+                    self.child_daemon_id = ins.daemon_id
+                log.info("daemon %s joined: %s (%s)", ins.daemon_id, ins.hardware_class, ins.hostname)
+                progress.phase(f"daemon {ins.daemon_id} joined ({ins.hardware_class})")
+            elif isinstance(ins, DaemonLeft):
+                if ins.daemon_id == self.child_daemon_id and not core.finished:
+                    if ins.reason.startswith("signal "):
+                        raise SweepInterrupted(f"the local daemon stopped on {ins.reason}")
+                    raise ServetuneError(f"the local daemon left: {ins.reason}")
+            elif isinstance(ins, NoDaemon):
+                self.no_daemon = True
+                self.console.print(f"[red]no daemon connected for {ins.waited_s:.0f} s: ending the sweep")
 
-    def _on_result(self, endpoint: RouterEndpoint, daemon_id: str, msg: Result) -> None:
-        sched, store, progress = self.sched, self.store, self.progress
-        assert sched is not None and store is not None and progress is not None
-        verdict = sched.classify_result(daemon_id, msg.batch_id, msg.trial_id, msg.epoch, msg.submission_id)
-        if verdict == "stale":
-            endpoint.send(daemon_id, Stale(trial_id=msg.trial_id, submission_id=msg.submission_id,
-                                           reason="not the current attempt of a trial leased to this daemon"))
-            return
-        if verdict == "conflict":
-            endpoint.send(daemon_id, Conflict(trial_id=msg.trial_id, submission_id=msg.submission_id,
-                                              reason="a different result was already accepted for this attempt"))
-            return
-        if verdict == "duplicate":
-            endpoint.send(daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))
-            return
-        lease = sched.leases[msg.batch_id]
-        manifest = next(m for m in lease.work.trials if m.trial_id == msg.trial_id)
+    def _accept(self, endpoint: RouterEndpoint, ins: Accept) -> None:
+        store, progress, core = self.store, self.progress, self.core
+        assert store is not None and progress is not None and core is not None
+        msg, manifest = ins.result, ins.manifest
         outcome = msg.outcome
         status, kind, error = outcome.status, outcome.failure_kind, outcome.error
         metrics: dict[str, Any] | None = None
@@ -492,7 +505,7 @@ class SweepRunner:
             "trial_id": msg.trial_id,
             "attempt": msg.epoch,
             "submission_id": msg.submission_id,
-            "daemon_id": daemon_id,
+            "daemon_id": ins.daemon_id,
             "batch_id": msg.batch_id,
             "spec_hash": self.spec_hash,
             "status": status,
@@ -506,16 +519,14 @@ class SweepRunner:
             msg.trial_id, msg.epoch, status=status, failure_kind=kind if status != "ok" else None, error=error,
             submission_id=msg.submission_id, record=record, metrics=metrics, hardware_class=hw,
         )
-        sched.resolve(msg.batch_id, msg.trial_id, msg.submission_id)
-        write_dataset(store)
-        endpoint.send(daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))
+        self._dataset_dirty = True
         self.counts["ok" if status == "ok" else "failed"] += 1
         if status == "ok" and DERIVED_MARK in manifest.load_point.name:
             added = expand_rate_sweeps(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed,
                                        only={msg.trial_id})
             self._note_labels(added)
             for work in added:
-                if sched.add(work):
+                if core.add(work):
                     progress.add_total(len(work.trials))
                     rates = ", ".join(m.load_point.name.rsplit(DERIVED_MARK, 1)[1] for m in work.trials)
                     progress.phase(f"rate sweep: queued {len(work.trials)} follow-up rate(s): {rates}")
@@ -553,32 +564,14 @@ class SweepRunner:
                       concurrency_capped=lp.max_concurrency is not None)
         return {**m.model_dump(mode="json"), **self._extras(outcome)}
 
-    # ------------------------------------------------------------------ endings
 
-    def _close_lost(self, lost: list[tuple[str, int]], reason: str) -> None:
-        store = self.store
-        assert store is not None
-        for trial_id, attempt in lost:
-            status = store.attempt_status(trial_id, attempt)
-            if status is not None and status[0] == "running":
-                store.finish_attempt(
-                    trial_id, attempt, status="failed", failure_kind="transport", error=reason,
-                    submission_id=None, record=None, metrics=None, hardware_class=None,
-                )
-                log.warning("trial %s attempt %d: transport failure: %s", trial_id[:12], attempt, reason)
-
-    def _abort(self, reason: str) -> None:
-        sched = self.sched
-        assert sched is not None
-        sched.stop()
-        for batch_id in list(sched.leases):
-            self._close_lost(sched.revoke(batch_id), reason)
-
-    def _shutdown_daemons(self, endpoint: RouterEndpoint, reason: str) -> None:
-        sched = self.sched
-        assert sched is not None
-        for daemon_id in list(sched.daemons):
-            endpoint.send(daemon_id, Shutdown(reason=reason))
+def join_command(address: str) -> str:
+    """The exact ``daemon start`` command a node runs to join a coordinator bound at ``address``
+    (a wildcard interface is replaced by this host's name, which the node must be able to resolve)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    if host in ("0.0.0.0", "*", "::", "[::]"):
+        host = socket.getfqdn()
+    return f"daemon start --coordinator tcp://{host}:{port}"
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

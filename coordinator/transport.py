@@ -1,8 +1,7 @@
 """The coordinator's ZeroMQ ROUTER socket: a thin adapter around :mod:`servetune.messages`.
 
-Options follow DESIGN.md's verified facts: ``ROUTER_MANDATORY`` turns silent drops into errors,
-``ROUTER_HANDOVER`` lets a reconnecting daemon that reuses its routing id take over, and
-``LINGER=0`` keeps ``close()`` from hanging. Every receive has a deadline (``poll``).
+Socket options live in :mod:`servetune.wire` (one home for both sides). Every receive has a
+deadline (``poll``); a frame that does not decode is logged and dropped, never raised.
 """
 
 from __future__ import annotations
@@ -11,10 +10,15 @@ import logging
 
 import zmq
 
-from servetune.errors import ProtocolError
+from servetune.errors import ProtocolError, ServetuneError
 from servetune.messages import Message, decode, encode
+from servetune.wire import configure_router
 
 log = logging.getLogger(__name__)
+
+
+class BindError(ServetuneError):
+    """The ROUTER cannot bind the address it was given (in use, not an address of this host)."""
 
 
 class RouterEndpoint:
@@ -23,17 +27,18 @@ class RouterEndpoint:
     def __init__(self, bind: str = "tcp://127.0.0.1:0"):
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 80 * 1024 * 1024)
-        if bind.endswith(":0"):
-            base = bind.rsplit(":", 1)[0]
-            port = self._sock.bind_to_random_port(base)
-            self.address = f"{base}:{port}"
-        else:
-            self._sock.bind(bind)
-            self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        configure_router(self._sock)
+        try:
+            if bind.endswith(":0"):
+                base = bind.rsplit(":", 1)[0]
+                port = self._sock.bind_to_random_port(base)
+                self.address = f"{base}:{port}"
+            else:
+                self._sock.bind(bind)
+                self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._sock.close(linger=0)
+            raise BindError(f"cannot bind --bind {bind}: {exc}") from None
 
     def recv(self, timeout_ms: int) -> tuple[str, Message] | None:
         """One message within ``timeout_ms``, or None. Malformed frames are logged and dropped."""

@@ -1,39 +1,67 @@
 """Wire messages between the coordinator (ZeroMQ ROUTER) and daemons (DEALER).
 
-Every message is one JSON frame (never pickled), at most :data:`MAX_MESSAGE_BYTES`, validated
-into one of the models below by its ``type``. Unknown types, versions, or fields are refused.
+Every message is one JSON frame (never pickled), at most :data:`MAX_MESSAGE_BYTES`
+(:mod:`servetune.wire`), validated into one of the models below by its ``type``. Unknown types,
+versions, or fields are refused.
 
-Flow (DESIGN.md's protocol sketch)::
+Flow (protocol version 2)::
 
-    daemon                          coordinator
-    HELLO(capabilities, nonce) ->
-                                 <- WELCOME(session)
-    READY(free_slots)          ->
-                                 <- GRANT(batch: config + ordered trials, epoch, ttl) | NO_WORK | SHUTDOWN
-    STATE(trial, epoch, phase) ->
-    RESULT(trial, epoch, submission_id, outcome) ->
-                                 <- ACK | STALE | CONFLICT
-    HEARTBEAT([(trial, epoch)]) ->   (shaped now; leases and renewals come with fault handling)
-                                 <- RENEWED | REVOKED
-    BYE(reason)                ->
+    daemon                                   coordinator
+    HELLO(daemon_id, session, seq, held)  ->
+                                          <- WELCOME(session, heartbeat_interval_s, lease_ttl_s)
+                                          <- RENEWED(seq, held leases still its own) / REVOKED(the rest)
+    READY(session, free_slots)            ->
+                                          <- GRANT(batch: config + ordered trials, epoch, ttl_s)
+                                             | NO_WORK(retry_after_s) | SHUTDOWN(reason)
+    HEARTBEAT(session, seq, leases)       ->   every heartbeat_interval_s, busy or idle
+                                          <- RENEWED(seq, leases, ttl_s) / REVOKED(seq, leases, reason)
+    STATE(session, trial, epoch, phase)   ->
+    RESULT(session, trial, epoch, submission_id, outcome) ->
+                                          <- ACK | STALE | CONFLICT
+    BATCH_ERROR(session, batch, epoch, error, traceback_tail) ->   our daemon code crashed
+    BYE(session, reason)                  ->
+                                          <- REJOIN(reason)   to a message of an unknown session
 
-The epoch of a grant is the attempt number of its trials; a RESULT whose epoch is not the
-trial's current attempt is STALE, a second different RESULT for the same attempt is a CONFLICT.
+Rules both sides keep:
+
+- **Sessions.** A daemon process picks a new ``session`` nonce on every HELLO (start, reconnect,
+  REJOIN) and puts it on every message. The coordinator answers a message whose session it does
+  not know (it restarted, or the daemon was declared dead) with REJOIN; the daemon then says HELLO
+  again, listing in ``held`` the leases it still holds. A HELLO with a new session from a known
+  ``daemon_id`` means a new process or a reconnect: leases in ``held`` that are still that daemon's
+  are RENEWED, every other lease of that id is revoked at once (a new process with an old id
+  never keeps a dead lease alive).
+- **Leases.** A lease is named per trial: ``LeaseRef(trial_id, epoch)``; the epoch is the
+  attempt number the trial was granted with. The daemon lists every lease it holds (trials
+  granted and not yet answered with ACK/STALE/CONFLICT) in each HEARTBEAT. RENEWED and REVOKED
+  echo the ``seq`` of the HEARTBEAT (or HELLO) they answer; a lease renewed by the answer to the
+  message sent at local time ``t`` is valid on the daemon until ``t + ttl_s`` (a GRANT: from when
+  the READY that asked for it was sent). A daemon whose lease runs out stops that trial (vLLM and
+  load) and submits nothing for it: it fences itself. The coordinator revokes a lease only after
+  ``ttl_s`` + its grace without renewal, so a fenced daemon is always stopped first.
+- **Results** are idempotent on (trial, epoch, submission_id): a replay gets the same ACK, another
+  submission for an attempt already accepted gets CONFLICT, an attempt that is no longer current
+  (revoked, re-granted, never granted to this daemon) gets STALE. A daemon re-sends results not
+  yet answered after every WELCOME. Only the coordinator decides that an attempt failed as
+  ``transport``: a RESULT claiming it is refused at validation.
+- A GRANT is work for the daemon's own configured vLLM: it carries engine args and environment,
+  never a command line to run.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
 from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import BackendSpec, Budgets, ModelSpec
+from servetune.wire import MAX_MESSAGE_BYTES
 
-PROTOCOL_VERSION = 1
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PROTOCOL_VERSION = 2
+__all__ = ["MAX_MESSAGE_BYTES", "PROTOCOL_VERSION"]  # MAX_MESSAGE_BYTES re-exported from servetune.wire
 
 Phase = Literal[
     "server_starting", "server_ready", "server_failed", "warmup", "measuring", "draining", "done", "failed"
@@ -44,36 +72,61 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: Ids on the wire (daemon ids, session nonces, trial ids, submission ids) are short printable text.
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+-]+$")]
+#: Free text on the wire (reasons, details, errors) is bounded.
+Text = Annotated[str, Field(max_length=64 * 1024)]
+
+
 class Capabilities(_Msg):
     fingerprint: Fingerprint
-    slots: int = Field(1, ge=1)
-    backends: list[str] = Field(default_factory=lambda: ["vllm"])
+    slots: int = Field(1, ge=1, le=1024)
+    backends: list[str] = Field(default_factory=lambda: ["vllm"], max_length=16)
+
+
+class LeaseRef(_Msg):
+    """One trial's lease: the trial and the epoch (attempt number) it was granted with."""
+
+    trial_id: Id
+    epoch: int = Field(ge=1)
 
 
 class Hello(_Msg):
     type: Literal["HELLO"] = "HELLO"
     protocol_version: int = PROTOCOL_VERSION
-    daemon_id: str
-    session_nonce: str
+    daemon_id: Id
+    session_nonce: Id
     pid: int
     capabilities: Capabilities
+    seq: int = Field(0, ge=0, description="echoed by the RENEWED/REVOKED that answer `held`")
+    held: list[LeaseRef] = Field(default_factory=list, max_length=100_000,
+                                 description="leases this process still holds (after a reconnect)")
 
 
 class Welcome(_Msg):
     type: Literal["WELCOME"] = "WELCOME"
     protocol_version: int = PROTOCOL_VERSION
-    session_nonce: str
-    coordinator_id: str
-    heartbeat_interval_s: float = 1.0
+    session_nonce: Id
+    coordinator_id: Id
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
+    lease_ttl_s: float = Field(30.0, gt=0, le=86_400)
+
+
+class Rejoin(_Msg):
+    """To a message whose session the coordinator does not know: say HELLO again."""
+
+    type: Literal["REJOIN"] = "REJOIN"
+    reason: Text
 
 
 class Ready(_Msg):
     type: Literal["READY"] = "READY"
-    free_slots: int = Field(1, ge=0)
+    session_nonce: Id
+    free_slots: int = Field(1, ge=0, le=1024)
 
 
 class GrantedTrial(_Msg):
-    trial_id: str
+    trial_id: Id
     attempt: int = Field(ge=1)
     manifest: TrialManifest
 
@@ -82,94 +135,114 @@ class Grant(_Msg):
     """One batch: one engine config and its trials in order, so one server start serves them all."""
 
     type: Literal["GRANT"] = "GRANT"
-    batch_id: str
-    epoch: int = Field(ge=1, description="lease epoch; equals the attempt number of the trials")
-    ttl_s: float = Field(gt=0)
+    batch_id: Id
+    epoch: int = Field(ge=1, description="the highest attempt number among the trials (each trial carries its own)")
+    ttl_s: float = Field(gt=0, description="lease TTL: valid from when the READY that asked for it was sent")
     model: ModelSpec = Field(description="where to load the model from (not part of trial identity)")
     backend: BackendSpec
     budgets: Budgets
     config: EngineConfig
-    trials: list[GrantedTrial] = Field(min_length=1)
+    trials: list[GrantedTrial] = Field(min_length=1, max_length=100_000)
 
 
 class NoWork(_Msg):
     type: Literal["NO_WORK"] = "NO_WORK"
-    retry_after_s: float = 1.0
+    retry_after_s: float = Field(1.0, ge=0, le=3600)
 
 
 class Shutdown(_Msg):
     type: Literal["SHUTDOWN"] = "SHUTDOWN"
-    reason: str
+    reason: Text
 
 
 class State(_Msg):
     type: Literal["STATE"] = "STATE"
-    batch_id: str
-    trial_id: str | None = None
+    session_nonce: Id
+    batch_id: Id
+    trial_id: Id | None = None
     epoch: int
     phase: Phase
-    detail: str = ""
+    detail: Text = ""
 
 
 class Result(_Msg):
     type: Literal["RESULT"] = "RESULT"
-    batch_id: str
-    trial_id: str
-    epoch: int
-    submission_id: str
+    session_nonce: Id
+    batch_id: Id
+    trial_id: Id
+    epoch: int = Field(ge=1)
+    submission_id: Id
     outcome: TrialOutcome
+
+    @field_validator("outcome")
+    @classmethod
+    def _not_transport(cls, outcome: TrialOutcome) -> TrialOutcome:
+        if outcome.failure_kind == "transport":
+            raise ValueError("only the coordinator decides that an attempt failed as transport")
+        return outcome
+
+
+class BatchError(_Msg):
+    """The daemon's own code crashed inside a batch: a daemon error, never blamed on the config."""
+
+    type: Literal["BATCH_ERROR"] = "BATCH_ERROR"
+    session_nonce: Id
+    batch_id: Id
+    epoch: int = Field(ge=1)
+    error: Text
+    traceback_tail: Text = ""
 
 
 class Ack(_Msg):
     type: Literal["ACK"] = "ACK"
-    trial_id: str
-    submission_id: str
+    trial_id: Id
+    submission_id: Id
 
 
 class Stale(_Msg):
     type: Literal["STALE"] = "STALE"
-    trial_id: str
-    submission_id: str
-    reason: str
+    trial_id: Id
+    submission_id: Id
+    reason: Text
 
 
 class Conflict(_Msg):
     type: Literal["CONFLICT"] = "CONFLICT"
-    trial_id: str
-    submission_id: str
-    reason: str
-
-
-class LeaseRef(_Msg):
-    trial_id: str
-    epoch: int
+    trial_id: Id
+    submission_id: Id
+    reason: Text
 
 
 class Heartbeat(_Msg):
     type: Literal["HEARTBEAT"] = "HEARTBEAT"
-    leases: list[LeaseRef] = Field(default_factory=list)
+    session_nonce: Id
+    seq: int = Field(ge=0)
+    leases: list[LeaseRef] = Field(default_factory=list, max_length=100_000)
 
 
 class Renewed(_Msg):
     type: Literal["RENEWED"] = "RENEWED"
+    seq: int = Field(ge=0)
     leases: list[LeaseRef]
-    ttl_s: float
+    ttl_s: float = Field(gt=0)
 
 
 class Revoked(_Msg):
     type: Literal["REVOKED"] = "REVOKED"
+    seq: int = Field(ge=0)
     leases: list[LeaseRef]
-    reason: str
+    reason: Text
 
 
 class Bye(_Msg):
     type: Literal["BYE"] = "BYE"
-    reason: str
+    session_nonce: Id
+    reason: Text
 
 
 Message = Annotated[
     Union[
-        Hello, Welcome, Ready, Grant, NoWork, Shutdown, State, Result, Ack, Stale, Conflict,
+        Hello, Welcome, Rejoin, Ready, Grant, NoWork, Shutdown, State, Result, BatchError, Ack, Stale, Conflict,
         Heartbeat, Renewed, Revoked, Bye,
     ],
     Field(discriminator="type"),

@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coordinator.fleet import DEFAULT_FLEET_BIND, LOCAL_BIND, fleet_settings
 from coordinator.store import Store
 from coordinator.sweep import SweepOptions, SweepRunner
+from coordinator.transport import BindError
 from servetune.errors import ExperimentNotFoundError, SpecError
+from servetune.exitcodes import ExitCode
 from servetune.paths import resolve_experiment_dir
 from servetune.spec import ExperimentSpec, load_spec, parse_spec
 
@@ -27,9 +30,27 @@ def register(sub: Any) -> None:
     p.add_argument("--retry-failed", action="store_true", help="also re-run trials whose last attempt failed")
     p.add_argument("--results-root", type=Path, default=None,
                    help="where experiments live (default $SERVETUNE_RESULTS_ROOT or ./runs)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="ROUTER address (default: a random loopback port)")
+    p.add_argument("--bind", default=None,
+                   help="ROUTER address daemons dial (default: a random loopback port for a local sweep; "
+                        f"{DEFAULT_FLEET_BIND}, every interface, with --no-local-daemon)")
     p.add_argument("--no-local-daemon", action="store_true",
-                   help="do not start a local daemon; wait for daemons started with `daemon start --coordinator`")
+                   help="do not start a local daemon; wait for daemons started with `daemon start --coordinator` "
+                        "(the command to run is printed)")
+    fleet = p.add_argument_group("fleet settings (coordinator settings, never part of the spec or its hash)")
+    fleet.add_argument("--fleet", type=Path, default=None, metavar="FILE",
+                       help="YAML file of fleet settings (keys: see coordinator/fleet.py); flags below win")
+    fleet.add_argument("--heartbeat-interval", type=float, default=None, metavar="S", dest="heartbeat_interval_s",
+                       help="daemon heartbeat interval (default 1 s)")
+    fleet.add_argument("--lease-ttl", type=float, default=None, metavar="S", dest="lease_ttl_s",
+                       help="lease lifetime after its last renewal (default 30 s)")
+    fleet.add_argument("--lease-grace", type=float, default=None, metavar="S", dest="lease_grace_s",
+                       help="wait past the TTL before a lost lease is re-granted with epoch + 1 (default 5 s)")
+    fleet.add_argument("--daemon-wait", type=float, default=None, metavar="S", dest="daemon_wait_s",
+                       help="end the sweep, listing its holes (exit code 4), after this long with no daemon "
+                            "connected (default 300 s)")
+    fleet.add_argument("--max-transport-retries", type=int, default=None, metavar="N", dest="max_transport_retries",
+                       help="attempts of one trial lost to transport or daemon errors before it is left as a hole "
+                            "(default 3)")
     p.set_defaults(func=run)
 
 
@@ -63,18 +84,29 @@ def _issue(message: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     try:
         spec, text = _load(args)
+        settings = fleet_settings(
+            args.fleet, bind=args.bind, heartbeat_interval_s=args.heartbeat_interval_s, lease_ttl_s=args.lease_ttl_s,
+            lease_grace_s=args.lease_grace_s, daemon_wait_s=args.daemon_wait_s,
+            max_transport_retries=args.max_transport_retries,
+        )
     except SpecError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except ExperimentNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
+    local = not args.no_local_daemon
     options = SweepOptions(
         results_root=args.results_root,
         dry_run=args.dry_run,
         retry_failed=args.retry_failed,
-        bind=args.bind,
-        local_daemon=not args.no_local_daemon,
+        bind=settings.bind or (LOCAL_BIND if local else DEFAULT_FLEET_BIND),
+        local_daemon=local,
+        fleet=settings,
     )
-    report = SweepRunner(spec, text, options).run()
-    return report.exit_code
+    try:
+        report = SweepRunner(spec, text, options).run()
+    except BindError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    return int(report.exit_code)

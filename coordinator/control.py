@@ -1,0 +1,518 @@
+"""The coordinator's control core: what to send, which results count, when a lease is lost.
+
+Pure logic in the style of dask's worker state machine: the socket loop (:mod:`coordinator.sweep`)
+feeds it stimuli (``handle(daemon_id, message)``, ``tick()``) and carries out the instructions it
+returns, in order. It owns no socket, no store and no clock (``clock`` is injected), so every fault
+path is unit-tested with a fake clock (``tests/test_control.py``).
+
+Contract (the protocol rules are in :mod:`servetune.messages`):
+
+- A batch is leased to one daemon at a time. Granting returns :class:`BeginAttempts` (persist it)
+  before the :class:`Send` of the GRANT.
+- A result is accepted once per (trial, epoch): :class:`Accept` (make it durable) comes before the
+  :class:`Send` of its ACK. A replay of the accepted submission is ACKed again, another submission
+  for it gets CONFLICT, anything not current gets STALE. Results already in the store when the
+  core starts (``accepted``) count the same way, so a replay after a coordinator restart is ACKed.
+- Only this core decides ``transport``: a lease revoked because it expired (TTL + grace without
+  a heartbeat), its daemon left, came back as a new process, or reported a daemon error closes
+  its outstanding attempts as ``transport`` (:class:`CloseAttempts`, with the reason) and queues
+  the trials again, first in line, for a daemon of the same hardware class, with epoch + 1,
+  until a trial has lost ``max_transport_retries`` attempts in this sweep; then it stays a hole.
+- A daemon silent for ``suspect_after_missed`` heartbeat intervals is reported once as suspect
+  (:class:`Notice`); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
+- With no daemon connected for ``daemon_wait_s`` the core stops and returns :class:`NoDaemon`.
+- After a coordinator restart, attempts found ``running`` in the store are given back as
+  ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
+  that are revoked like any other expired lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from coordinator.fleet import FleetSettings
+from coordinator.leases import BatchWork, Lease, LeaseTable
+from servetune.manifest import TrialManifest
+from servetune.messages import (
+    Ack,
+    BatchError,
+    Bye,
+    Conflict,
+    Grant,
+    GrantedTrial,
+    Heartbeat,
+    Hello,
+    LeaseRef,
+    Message,
+    NoWork,
+    Ready,
+    Rejoin,
+    Renewed,
+    Result,
+    Revoked,
+    Shutdown,
+    Stale,
+    State,
+    Welcome,
+)
+from servetune.spec import ExperimentSpec
+from servetune.states import LeaseState
+
+# ---------------------------------------------------------------------- instructions
+
+
+@dataclass(frozen=True)
+class Send:
+    daemon_id: str
+    msg: Message
+
+
+@dataclass(frozen=True)
+class BeginAttempts:
+    """Open these attempts as ``running`` (numbers chosen by the core) before the GRANT goes out."""
+
+    daemon_id: str
+    batch_id: str
+    attempts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Accept:
+    """Make this result durable before its ACK is sent."""
+
+    daemon_id: str
+    result: Result
+    manifest: TrialManifest
+
+
+@dataclass(frozen=True)
+class CloseAttempts:
+    """Close these running attempts as ``transport`` failures with ``reason``."""
+
+    pairs: list[tuple[str, int]]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    trial_id: str | None
+    epoch: int | None
+    batch_id: str
+    phase: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something a person watching the sweep should see (logged and shown in the progress line)."""
+
+    level: int
+    text: str
+
+
+@dataclass(frozen=True)
+class DaemonJoined:
+    daemon_id: str
+    hardware_class: str
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class DaemonLeft:
+    daemon_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoDaemon:
+    waited_s: float
+
+
+Instruction = (
+    Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
+)
+
+
+# ---------------------------------------------------------------------- state
+
+
+@dataclass
+class DaemonSession:
+    daemon_id: str
+    session_nonce: str
+    hardware_class: str
+    pid: int
+    last_seen: float
+    suspect: bool = False
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A lease found running in the store after a coordinator restart."""
+
+    daemon_id: str
+    work: BatchWork
+    attempts: dict[str, int]
+
+
+@dataclass
+class ControlCore:
+    """One sweep's control state. ``attempts``: the highest attempt number of every trial in the
+    store; ``accepted``: (trial, epoch) -> submission id of finished attempts that have one."""
+
+    spec: ExperimentSpec
+    work: Sequence[BatchWork]
+    settings: FleetSettings = field(default_factory=FleetSettings)
+    coordinator_id: str = "coordinator"
+    attempts: dict[str, int] = field(default_factory=dict)
+    accepted: dict[tuple[str, int], str] = field(default_factory=dict)
+    orphans: Sequence[Orphan] = ()
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.queue: deque[BatchWork] = deque(self.work)
+        self.leases = LeaseTable()
+        self.daemons: dict[str, DaemonSession] = {}
+        self.stopping = False
+        self.lost: Counter[str] = Counter()  # trial -> attempts lost to transport this sweep
+        self.given_up: set[str] = set()
+        self._attempts = dict(self.attempts)
+        self._accepted = dict(self.accepted)
+        now = self.clock()
+        self._no_daemon_since: float | None = now
+        self._no_daemon_reported = False
+        for orphan in self.orphans:
+            lease = Lease(
+                batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
+                attempts=dict(orphan.attempts), outstanding={m.trial_id for m in orphan.work.trials},
+                granted_at=now, renewed_at=now, ttl_s=self.settings.lease_ttl_s, state=LeaseState.ORPHANED,
+            )
+            self.leases.add(lease)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def finished(self) -> bool:
+        return not self.queue and not len(self.leases)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def hardware_class(self, daemon_id: str) -> str | None:
+        d = self.daemons.get(daemon_id)
+        return d.hardware_class if d else None
+
+    # ------------------------------------------------------------------ stimuli
+
+    def handle(self, daemon_id: str, msg: Message) -> list[Instruction]:
+        """One message from the daemon whose routing id is ``daemon_id``."""
+        now = self.clock()
+        if isinstance(msg, Hello):
+            return self._hello(daemon_id, msg, now)
+        session = self.daemons.get(daemon_id)
+        nonce = getattr(msg, "session_nonce", None)
+        if session is None or nonce != session.session_nonce:
+            if isinstance(msg, Bye):
+                return []
+            return [Send(daemon_id, Rejoin(reason="unknown session: say HELLO"))]
+        session.last_seen = now
+        if session.suspect:
+            session.suspect = False
+            out: list[Instruction] = [Notice(logging.INFO, f"daemon {daemon_id} is heard from again")]
+        else:
+            out = []
+        if isinstance(msg, Heartbeat):
+            out += self._heartbeat(session, msg, now)
+        elif isinstance(msg, Ready):
+            out += self._ready(session, now)
+        elif isinstance(msg, State):
+            out += self._state(session, msg)
+        elif isinstance(msg, Result):
+            out += self._result(session, msg, now)
+        elif isinstance(msg, BatchError):
+            out += self._batch_error(session, msg)
+        elif isinstance(msg, Bye):
+            out += self._forget(daemon_id, f"daemon {daemon_id} left: {msg.reason}")
+            out.append(DaemonLeft(daemon_id, msg.reason))
+        else:
+            out.append(Notice(logging.WARNING, f"unexpected {type(msg).__name__} from daemon {daemon_id}; ignored"))
+        return out
+
+    def tick(self) -> list[Instruction]:
+        """Time passed: suspect silent daemons, revoke expired leases, forget dead daemons, and end
+        the wait when no daemon has been connected for ``daemon_wait_s``."""
+        now = self.clock()
+        s = self.settings
+        out: list[Instruction] = []
+        for d in list(self.daemons.values()):
+            silent = now - d.last_seen
+            if not d.suspect and silent > s.suspect_after_s:
+                d.suspect = True
+                for lease in self.leases.held_by(d.daemon_id):
+                    if lease.state is LeaseState.ACTIVE:
+                        lease.move(LeaseState.SUSPECT)
+                out.append(Notice(logging.WARNING, f"daemon {d.daemon_id} suspected: no heartbeat for {silent:.1f} s "
+                                                   f"(leases revoked after {s.revoke_after_s:g} s)"))
+        for lease in self.leases.expired(now, s.lease_grace_s):
+            silent = now - lease.renewed_at
+            what = "orphaned lease not adopted" if lease.state is LeaseState.ORPHANED else "lease expired"
+            out += self._revoke(lease, f"{what}: no heartbeat from daemon {lease.daemon_id} for {silent:.1f} s "
+                                       f"(TTL {s.lease_ttl_s:g} s + grace {s.lease_grace_s:g} s)")
+        for d in list(self.daemons.values()):
+            if now - d.last_seen > s.revoke_after_s and not self.leases.held_by(d.daemon_id):
+                del self.daemons[d.daemon_id]
+                out.append(Notice(logging.WARNING, f"daemon {d.daemon_id} presumed dead after "
+                                                   f"{now - d.last_seen:.1f} s of silence"))
+                out.append(DaemonLeft(d.daemon_id, "presumed dead (no heartbeat)"))
+        if self.daemons:
+            self._no_daemon_since = None
+        elif self._no_daemon_since is None:
+            self._no_daemon_since = now
+        elif not self.finished and not self._no_daemon_reported and now - self._no_daemon_since > s.daemon_wait_s:
+            self._no_daemon_reported = True
+            waited = now - self._no_daemon_since
+            out += self.abort(f"no daemon connected for {waited:.0f} s (--daemon-wait {s.daemon_wait_s:g})")
+            out.append(NoDaemon(waited))
+        return out
+
+    def add(self, work: BatchWork) -> bool:
+        """Queue a batch planned during the sweep (a rate sweep's follow-ups); False when stopping."""
+        if self.stopping:
+            return False
+        self.queue.append(work)
+        return True
+
+    def stop(self) -> int:
+        """Grant nothing more; returns how many queued batches are left unrun (they stay holes)."""
+        self.stopping = True
+        left = len(self.queue)
+        self.queue.clear()
+        return left
+
+    def abort(self, reason: str) -> list[Instruction]:
+        """Stop and revoke every live lease (no re-grant): their attempts close as transport."""
+        self.stop()
+        out: list[Instruction] = []
+        for lease in self.leases:
+            out += self._revoke(lease, reason)
+        return out
+
+    def daemon_lost(self, daemon_id: str, reason: str) -> list[Instruction]:
+        """The adapter knows a daemon is gone (the local child exited)."""
+        out = self._forget(daemon_id, reason)
+        out.append(DaemonLeft(daemon_id, reason))
+        return out
+
+    def shutdown_all(self, reason: str) -> list[Instruction]:
+        return [Send(d, Shutdown(reason=reason)) for d in self.daemons]
+
+    # ------------------------------------------------------------------ handlers
+
+    def _hello(self, daemon_id: str, msg: Hello, now: float) -> list[Instruction]:
+        if msg.daemon_id != daemon_id:
+            return [Notice(logging.WARNING, f"HELLO from routing id {daemon_id!r} names daemon {msg.daemon_id!r}; "
+                                            "ignored")]
+        fp = msg.capabilities.fingerprint
+        old = self.daemons.get(daemon_id)
+        if old is not None and old.session_nonce == msg.session_nonce:
+            old.last_seen = now
+            return [Send(daemon_id, self._welcome(msg.session_nonce))]  # a re-sent HELLO
+        out: list[Instruction] = []
+        held = {(r.trial_id, r.epoch) for r in msg.held}
+        renewed: list[LeaseRef] = []
+        revoked: list[LeaseRef] = []
+        for lease in self.leases.held_by(daemon_id):
+            mine = [(t, e) for t, e in lease.outstanding_pairs() if (t, e) in held]
+            if mine and len(mine) == len(lease.outstanding):
+                self.leases.renew(lease, now)
+                renewed += [LeaseRef(trial_id=t, epoch=e) for t, e in mine]
+            else:
+                why = "restarted" if old is None or not msg.held else "reconnected"
+                out += self._revoke(lease, f"daemon {daemon_id} {why} as a new session without lease {lease.batch_id}")
+        known = {(r.trial_id, r.epoch) for r in renewed} | set(self._accepted)  # accepted: its replay gets an ACK
+        revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known)]
+        self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now)
+        self._no_daemon_since = None
+        out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
+        out.append(Send(daemon_id, self._welcome(msg.session_nonce)))
+        if renewed:
+            out.append(Send(daemon_id, Renewed(seq=msg.seq, leases=renewed, ttl_s=self.settings.lease_ttl_s)))
+            out.append(Notice(logging.INFO, f"daemon {daemon_id} rejoined holding {len(renewed)} lease(s): renewed"))
+        if revoked:
+            out.append(Send(daemon_id, Revoked(seq=msg.seq, leases=revoked, reason="not a current lease of this daemon")))
+        return out
+
+    def _welcome(self, nonce: str) -> Welcome:
+        return Welcome(session_nonce=nonce, coordinator_id=self.coordinator_id,
+                       heartbeat_interval_s=self.settings.heartbeat_interval_s, lease_ttl_s=self.settings.lease_ttl_s)
+
+    def _heartbeat(self, d: DaemonSession, msg: Heartbeat, now: float) -> list[Instruction]:
+        renewed: list[LeaseRef] = []
+        revoked: list[LeaseRef] = []
+        touched: set[str] = set()
+        for ref in msg.leases:
+            lease = self.leases.current(d.daemon_id, ref.trial_id, ref.epoch)
+            if lease is None or lease.state is LeaseState.ORPHANED:
+                revoked.append(ref)
+            else:
+                renewed.append(ref)
+                if lease.batch_id not in touched:
+                    touched.add(lease.batch_id)
+                    self.leases.renew(lease, now)
+        out: list[Instruction] = [Send(d.daemon_id, Renewed(seq=msg.seq, leases=renewed, ttl_s=self.settings.lease_ttl_s))]
+        if revoked:
+            out.append(Send(d.daemon_id, Revoked(seq=msg.seq, leases=revoked, reason="not a current lease of this daemon")))
+        return out
+
+    def _ready(self, d: DaemonSession, now: float) -> list[Instruction]:
+        out: list[Instruction] = []
+        for lease in self.leases.held_by(d.daemon_id):
+            # An idle daemon does not hold this lease: its GRANT was lost, or it dropped the batch.
+            # A READY that crossed a GRANT in flight is answered with NO_WORK instead.
+            if now - lease.granted_at < 2 * self.settings.heartbeat_interval_s:
+                return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
+            out += self._revoke(lease, f"daemon {d.daemon_id} is idle without lease {lease.batch_id} "
+                                       "(its GRANT was lost or the batch was dropped)")
+        if out:
+            return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
+        work = self._take(d.hardware_class)
+        if work is None:
+            if self.stopping or self.finished:
+                return [Send(d.daemon_id, Shutdown(reason="no more work"))]
+            return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
+        attempts = {}
+        for m in work.trials:
+            self._attempts[m.trial_id] = self._attempts.get(m.trial_id, 0) + 1
+            attempts[m.trial_id] = self._attempts[m.trial_id]
+        pinned = work if work.hardware_class else BatchWork(work.batch, work.trials, d.hardware_class)
+        self.leases.add(Lease(
+            batch_id=work.batch_id, daemon_id=d.daemon_id, work=pinned, attempts=attempts,
+            outstanding={m.trial_id for m in work.trials}, granted_at=now, renewed_at=now,
+            ttl_s=self.settings.lease_ttl_s,
+        ))
+        grant = Grant(
+            batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s,
+            model=self.spec.model, backend=self.spec.backend, budgets=self.spec.budgets, config=work.batch.config,
+            trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
+        )
+        return [BeginAttempts(d.daemon_id, work.batch_id, attempts), Send(d.daemon_id, grant)]
+
+    def _take(self, hardware_class: str) -> BatchWork | None:
+        if self.stopping:
+            return None
+        for i, work in enumerate(self.queue):
+            if work.hardware_class in (None, hardware_class):
+                del self.queue[i]
+                return work
+        return None
+
+    def _state(self, d: DaemonSession, msg: State) -> list[Instruction]:
+        if msg.trial_id is not None:
+            ok = self.leases.current(d.daemon_id, msg.trial_id, msg.epoch) is not None
+        else:
+            lease = self.leases.get(msg.batch_id)
+            ok = lease is not None and lease.daemon_id == d.daemon_id
+        if not ok:
+            return []
+        return [Transition(msg.trial_id, msg.epoch if msg.trial_id else None, msg.batch_id, msg.phase, msg.detail)]
+
+    def _result(self, d: DaemonSession, msg: Result, now: float) -> list[Instruction]:
+        key = (msg.trial_id, msg.epoch)
+        done = self._accepted.get(key)
+        if done is not None:
+            if done == msg.submission_id:
+                return [Send(d.daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))]
+            return [Send(d.daemon_id, Conflict(trial_id=msg.trial_id, submission_id=msg.submission_id,
+                                               reason="a different result was already accepted for this attempt"))]
+        lease = self.leases.current(d.daemon_id, msg.trial_id, msg.epoch)
+        if lease is None or lease.batch_id != msg.batch_id:
+            return [Send(d.daemon_id, Stale(trial_id=msg.trial_id, submission_id=msg.submission_id,
+                                            reason="not the current attempt of a trial leased to this daemon"))]
+        if lease.state is LeaseState.ORPHANED:
+            self.leases.renew(lease, now)
+        manifest = lease.manifest(msg.trial_id)
+        self._accepted[key] = msg.submission_id
+        self.leases.resolve(lease, msg.trial_id, msg.submission_id, now)
+        return [Accept(d.daemon_id, msg, manifest),
+                Send(d.daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))]
+
+    def _batch_error(self, d: DaemonSession, msg: BatchError) -> list[Instruction]:
+        lease = self.leases.get(msg.batch_id)
+        if lease is None or lease.daemon_id != d.daemon_id:
+            return [Notice(logging.WARNING, f"daemon error on {d.daemon_id} for batch {msg.batch_id} it does not hold: "
+                                            f"{msg.error}")]
+        tail = msg.traceback_tail.strip()
+        reason = f"daemon error on {d.daemon_id}: {msg.error}" + (f"\n{tail}" if tail else "")
+        return [Notice(logging.ERROR, f"daemon {d.daemon_id} crashed in batch {msg.batch_id}: {msg.error}"),
+                *self._revoke(lease, reason)]
+
+    # ------------------------------------------------------------------ endings
+
+    def _forget(self, daemon_id: str, reason: str) -> list[Instruction]:
+        self.daemons.pop(daemon_id, None)
+        out: list[Instruction] = []
+        for lease in self.leases.held_by(daemon_id):
+            out += self._revoke(lease, reason)
+        return out
+
+    def _revoke(self, lease: Lease, reason: str) -> list[Instruction]:
+        """Close a lease's outstanding attempts as transport and queue them again (first in line,
+        same hardware class) unless stopping or a trial's retry budget is spent."""
+        pairs = self.leases.revoke(lease)
+        out: list[Instruction] = [CloseAttempts(pairs, reason)] if pairs else []
+        if self.stopping or not pairs:
+            return out
+        retry: list[TrialManifest] = []
+        for m in lease.work.trials:
+            if m.trial_id not in lease.outstanding:
+                continue
+            self.lost[m.trial_id] += 1
+            if self.lost[m.trial_id] >= self.settings.max_transport_retries:
+                self.given_up.add(m.trial_id)
+                out.append(Notice(logging.ERROR, f"trial {m.trial_id[:12]} lost {self.lost[m.trial_id]} attempts to "
+                                                 "transport or daemon errors in this sweep; left as a hole"))
+            else:
+                retry.append(m)
+        if retry:
+            self.queue.appendleft(BatchWork(lease.work.batch, tuple(retry), lease.work.hardware_class))
+            out.append(Notice(logging.WARNING, f"{lease.batch_id}: {len(retry)} trial(s) queued again "
+                                               f"({reason.splitlines()[0]})"))
+        return out
+
+
+def orphans_from(running: Iterable[tuple[str, int, str, str]], work: Sequence[BatchWork]) -> tuple[
+        list[Orphan], list[BatchWork], list[tuple[str, int]]]:
+    """Split running attempts left by a coordinator that died, ``(trial, attempt, daemon, batch)``,
+    into orphan leases over the planned ``work``. Returns the orphans, the work without their
+    trials, and the attempts that match no planned batch (close those as transport at once)."""
+    by_batch = {w.batch_id: w for w in work}
+    groups: dict[tuple[str, str], dict[str, int]] = {}
+    unmatched: list[tuple[str, int]] = []
+    for trial_id, attempt, daemon_id, batch_id in running:
+        w = by_batch.get(batch_id)
+        if w is None or trial_id not in {m.trial_id for m in w.trials}:
+            unmatched.append((trial_id, attempt))
+            continue
+        groups.setdefault((daemon_id, batch_id), {})[trial_id] = attempt
+    orphans: list[Orphan] = []
+    taken: dict[str, set[str]] = {}
+    for (daemon_id, batch_id), attempts in groups.items():
+        w = by_batch[batch_id]
+        if batch_id in taken:  # two daemons claim one batch: keep the first, close the other
+            unmatched += list(attempts.items())
+            continue
+        trials = tuple(m for m in w.trials if m.trial_id in attempts)
+        orphans.append(Orphan(daemon_id, BatchWork(w.batch, trials, w.hardware_class), attempts))
+        taken[batch_id] = set(attempts)
+    rest: list[BatchWork] = []
+    for w in work:
+        left = tuple(m for m in w.trials if m.trial_id not in taken.get(w.batch_id, set()))
+        if left:
+            rest.append(BatchWork(w.batch, left, w.hardware_class))
+    return orphans, rest, unmatched
