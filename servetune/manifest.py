@@ -17,11 +17,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.canonical import sha256_json
+from servetune.canonical import drop_added_defaults, sha256_json
 from servetune.spec import DERIVED_MARK, EngineArgs, ExperimentSpec, LoadPoint, ModelSpec
 from servetune.tiny import tiny_identity
 
 MANIFEST_VERSION = 1
+
+#: Fields added to manifests (or to the load point and engine config inside them) after the first
+#: trials were recorded, as dotted paths into the manifest's JSON dump, with the default a trial
+#: made before the field existed holds. Left out of the trial id while they hold it; a field added
+#: without an entry here changes every trial id (``tests/test_compat.py`` resumes folders recorded
+#: by the protocol-1 code and fails if anything would run again). A field of a spec model also
+#: needs its entry in :data:`servetune.spec.ADDED_SPEC_FIELDS`.
+ADDED_MANIFEST_FIELDS: dict[str, object] = {}
 
 
 class EngineConfig(BaseModel):
@@ -92,8 +100,9 @@ class TrialManifest(BaseModel):
     @property
     def trial_id(self) -> str:
         """sha256 of the canonical manifest, leaving out where a dataset file lies on this machine
-        (its content is named by its sha256)."""
-        data = self.model_dump(mode="json")
+        (its content is named by its sha256), and fields added since manifest version 1 while they
+        hold their default (:data:`ADDED_MANIFEST_FIELDS`), so every trial id ever recorded stays valid."""
+        data = drop_added_defaults(self.model_dump(mode="json"), ADDED_MANIFEST_FIELDS)
         data["load_point"]["dataset"].pop("path", None)
         return sha256_json(data)
 

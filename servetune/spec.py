@@ -23,6 +23,7 @@ import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -500,6 +501,12 @@ class BackendSpec(StrictModel):
         if self.kind == "openai":
             if not self.base_url:
                 raise ValueError("backend.base_url is required when backend.kind is 'openai'")
+            try:
+                port = urlsplit(self.base_url).port
+            except ValueError:
+                raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535") from None
+            if port == 0:
+                raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535")
             if self.python or self.launch:
                 raise ValueError("backend.python and backend.launch only apply to backend.kind 'vllm'")
         elif self.base_url or self.api_key_env or self.scrape_metrics:
@@ -554,17 +561,17 @@ class ExperimentSpec(StrictModel):
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of the validated spec (defaults filled in).
 
-        Sections added later are left out while they hold their default, so a spec written before
-        they existed keeps its hash.
+        Fields added later (:data:`ADDED_SPEC_FIELDS`) are left out while they hold their default, so
+        a spec written before they existed keeps its hash.
         """
-        from servetune.canonical import sha256_json
+        from servetune.canonical import drop_added_defaults, sha256_json
 
-        data = self.model_dump(mode="json")
-        if not data["gpu_hour_prices"]:
-            del data["gpu_hour_prices"]
-        if data["planner"]["n_configs"] is None:
-            del data["planner"]["n_configs"]
-        return sha256_json(data)
+        return sha256_json(drop_added_defaults(self.model_dump(mode="json"), ADDED_SPEC_FIELDS))
+
+
+#: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
+#: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
+ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None}
 
 
 # --------------------------------------------------------------------------- loading & checks

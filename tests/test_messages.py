@@ -11,9 +11,9 @@ from servetune.messages import MAX_MESSAGE_BYTES, Ack, Ready, State, decode, enc
 
 
 def test_round_trip() -> None:
-    msg = State(batch_id="b1", trial_id="t", epoch=2, phase="measuring", detail="x")
+    msg = State(session_nonce="n", batch_id="b1", trial_id="t", epoch=2, phase="measuring", detail="x")
     assert decode(encode(msg)) == msg
-    assert decode(encode(Ready(free_slots=1))) == Ready(free_slots=1)
+    assert decode(encode(Ready(session_nonce="n", free_slots=1))) == Ready(session_nonce="n", free_slots=1)
 
 
 def test_refuses_unknown_type_extra_fields_and_garbage() -> None:
@@ -32,8 +32,17 @@ def test_size_bound() -> None:
 
 
 def test_protocol_version_checked() -> None:
-    frame = json.loads(encode(State(batch_id="b", epoch=1, phase="done")))
-    hello_like = {"type": "WELCOME", "protocol_version": 99, "session_nonce": "n", "coordinator_id": "c"}
-    with pytest.raises(ProtocolError, match="version 99"):
+    frame = json.loads(encode(State(session_nonce="n", batch_id="b", epoch=1, phase="done")))
+    hello_like = {"type": "WELCOME", "protocol_version": 1, "session_nonce": "n", "coordinator_id": "c"}
+    with pytest.raises(ProtocolError, match="version 1 "):
         decode(json.dumps(hello_like).encode())
     assert frame["type"] == "STATE"
+
+
+def test_ids_and_text_on_the_wire_are_bounded() -> None:
+    with pytest.raises(ProtocolError, match="trial_id"):
+        decode(json.dumps({"type": "ACK", "trial_id": "x" * 201, "submission_id": "s"}).encode())
+    with pytest.raises(ProtocolError, match="submission_id"):
+        decode(json.dumps({"type": "ACK", "trial_id": "t", "submission_id": "a b"}).encode())
+    with pytest.raises(ProtocolError, match="reason"):
+        decode(json.dumps({"type": "SHUTDOWN", "reason": "x" * (64 * 1024 + 1)}).encode())
