@@ -263,7 +263,15 @@ class SweepRunner:
         if existed:
             store.close_stale_sweeps()
             running = store.running_attempts()
-            if running:
+            if running and self.opts.local_daemon:
+                # A local sweep's daemon died with its coordinator (--exit-with-parent), and nobody
+                # else knew that coordinator's random loopback port: nothing can come back for them.
+                store.close_attempts([(t, a) for t, a, _, _ in running],
+                                     "abandoned: the coordinator that granted it stopped without a result")
+                self.console.print(f"[yellow]previous sweep did not finish: {len(running)} running attempt(s) "
+                                   "recorded as transport failures; they will be run again")
+                running = []
+            elif running:
                 self.console.print(
                     f"[yellow]previous sweep did not finish: {len(running)} attempt(s) were running; each is "
                     f"renewed if its daemon rejoins within {self.fleet.lease_ttl_s:g} s, else run again"

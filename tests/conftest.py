@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -66,6 +66,7 @@ class SweepRun:
     proc: subprocess.CompletedProcess[str]
     seconds: float
     env: dict[str, str]
+    daemon_codes: list[int | None] = field(default_factory=list)
 
 
 def recorded_server_groups(folder: Path) -> list[int]:
@@ -95,20 +96,59 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("servetune-cache")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read it, close)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def daemon_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "daemon", *args]
+
+
 @pytest.fixture(scope="session")
 def e2e_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path) -> Iterator[SweepRun]:
+    """The shared real-vLLM sweep, run as a fleet: a coordinator bound on a loopback port with
+    ``--no-local-daemon`` and two ``daemon start`` processes dialling it."""
     base = tmp_path_factory.mktemp("e2e")
     spec_path = base / "e2e.yaml"
     spec_path.write_text(E2E_SPEC)
     root = base / "runs"
     env = cli_env(tiny_cache)
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        coordinator_cmd("sweep", str(spec_path), "--results-root", str(root)),
-        capture_output=True, text=True, timeout=1500, env=env, cwd=base,
-    )
-    run = SweepRun(spec_path, root, root / "e2e", proc, time.monotonic() - t0, env)
+    address = f"tcp://127.0.0.1:{free_port()}"
     ARTIFACTS.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    coordinator = subprocess.Popen(
+        coordinator_cmd("sweep", str(spec_path), "--results-root", str(root), "--no-local-daemon",
+                        "--bind", address, "--daemon-wait", "120"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=base,
+    )
+    daemons = []
+    for i in (1, 2):
+        with open(ARTIFACTS / f"e2e-daemon-{i}.log", "wb") as fh:
+            daemons.append(subprocess.Popen(
+                daemon_cmd("start", "--coordinator", address, "--workdir", str(root / "e2e" / "daemon"),
+                           "--daemon-id", f"e2e-daemon-{i}", "--coordinator-lost", "60"),
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=base,
+            ))
+    try:
+        out, err = coordinator.communicate(timeout=1500)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            out, err = coordinator.communicate(timeout=30)
+        for d in daemons:
+            try:
+                d.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                d.kill()
+                d.wait(timeout=10)
+    proc = subprocess.CompletedProcess(coordinator.args, coordinator.returncode, out, err)
+    run = SweepRun(spec_path, root, root / "e2e", proc, time.monotonic() - t0, env)
+    run.daemon_codes = [d.returncode for d in daemons]
     (ARTIFACTS / "e2e-sweep.stdout.txt").write_text(proc.stdout)
     (ARTIFACTS / "e2e-sweep.stderr.txt").write_text(proc.stderr)
     yield run

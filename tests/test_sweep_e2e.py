@@ -171,3 +171,17 @@ def test_raw_samples_and_pooled_percentiles(e2e_sweep: SweepRun) -> None:
     lo = min(float(ds.ttft_ms.sel(quantile=0.5).values[i]) for i in ok if str(ds.load_point.values[i]) == "conc")
     hi = max(float(ds.ttft_ms.sel(quantile=0.5).values[i]) for i in ok if str(ds.load_point.values[i]) == "conc")
     assert lo <= pooled["ttft_ms"][0] <= hi
+
+
+def test_the_shared_sweep_ran_through_two_daemons(e2e_sweep: SweepRun) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{e2e_sweep.folder / 'experiment.sqlite'}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = conn.execute("SELECT daemon_id, status, failure_kind FROM attempts").fetchall()
+    finally:
+        conn.close()
+    assert {r[0] for r in rows} == {"e2e-daemon-1", "e2e-daemon-2"}, rows
+    assert not [r for r in rows if r[2] == "transport"], "no attempt may be lost on a healthy fleet"
+    assert e2e_sweep.daemon_codes == [0, 0], "each daemon exits 0 when the coordinator says SHUTDOWN"
+    assert "daemon start --coordinator tcp://127.0.0.1:" in e2e_sweep.proc.stderr
