@@ -220,7 +220,7 @@ class ControlCore:
         if session is None or nonce != session.session_nonce:
             if isinstance(msg, Bye):
                 return []
-            return [Send(daemon_id, Rejoin(reason="unknown session: say HELLO"))]
+            return [Send(daemon_id, Rejoin(session_nonce=nonce, reason="unknown session: say HELLO"))]
         session.last_seen = now
         if session.suspect:
             session.suspect = False
@@ -230,7 +230,7 @@ class ControlCore:
         if isinstance(msg, Heartbeat):
             out += self._heartbeat(session, msg, now)
         elif isinstance(msg, Ready):
-            out += self._ready(session, now)
+            out += self._ready(session, msg, now)
         elif isinstance(msg, State):
             out += self._state(session, msg)
         elif isinstance(msg, Result):
@@ -358,6 +358,8 @@ class ControlCore:
         touched: set[str] = set()
         for ref in msg.leases:
             lease = self.leases.current(d.daemon_id, ref.trial_id, ref.epoch)
+            if lease is None and (ref.trial_id, ref.epoch) in self._accepted:
+                continue  # the heartbeat crossed this result's ACK: nothing to renew or revoke
             if lease is None or lease.state is LeaseState.ORPHANED:
                 revoked.append(ref)
             else:
@@ -370,12 +372,16 @@ class ControlCore:
             out.append(Send(d.daemon_id, Revoked(seq=msg.seq, leases=revoked, reason="not a current lease of this daemon")))
         return out
 
-    def _ready(self, d: DaemonSession, now: float) -> list[Instruction]:
+    def _ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction]:
         out: list[Instruction] = []
+        held = {(r.trial_id, r.epoch) for r in msg.held}
         for lease in self.leases.held_by(d.daemon_id):
-            # An idle daemon does not hold this lease: its GRANT was lost, or it dropped the batch.
-            # A READY that crossed a GRANT in flight is answered with NO_WORK instead.
-            if now - lease.granted_at < 2 * self.settings.heartbeat_interval_s:
+            # An idle daemon that still holds this lease waits for ACKs of its results: wait too.
+            # One that does not hold it never got the GRANT (or dropped the batch): revoke it now
+            # rather than at its expiry, unless the GRANT may still be on its way.
+            if any(pair in held for pair in lease.outstanding_pairs()) or lease.state is LeaseState.ORPHANED:
+                return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
+            if now - lease.granted_at < max(3 * self.settings.heartbeat_interval_s, 1.0):
                 return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
             out += self._revoke(lease, f"daemon {d.daemon_id} is idle without lease {lease.batch_id} "
                                        "(its GRANT was lost or the batch was dropped)")
@@ -397,7 +403,7 @@ class ControlCore:
             ttl_s=self.settings.lease_ttl_s,
         ))
         grant = Grant(
-            batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s,
+            batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s, seq=msg.seq,
             model=self.spec.model, backend=self.spec.backend, budgets=self.spec.budgets, config=work.batch.config,
             trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
         )

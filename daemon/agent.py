@@ -1,13 +1,27 @@
-"""The daemon's connection to a coordinator: a ZeroMQ DEALER and a long-lived worker thread.
+"""The daemon's connection to a coordinator: the socket adapter around :class:`~daemon.session.DaemonSession`.
 
-The socket is owned by the main thread (ZeroMQ sockets are not thread-safe); the worker thread
-runs batches and hands outgoing messages back through a queue. This keeps the messaging loop
-free while a load point runs, so heartbeats and lease renewals (a later issue) fit without a
-rewrite. Every wait has a deadline.
+:class:`DaemonAgent` owns three things and no protocol state:
 
-Stopping (SHUTDOWN, SIGINT, SIGTERM, or the parent dying with ``--exit-with-parent``) sets the
-stop event: the running trial is abandoned (nothing is submitted for it), the vLLM server's
-process group is killed, and the daemon says BYE.
+- the ZeroMQ DEALER (settings from :func:`servetune.wire.configure_dealer`), used by the main
+  thread only (ZeroMQ sockets are not thread-safe);
+- a :class:`BatchWorker` thread that runs one grant at a time with a
+  :class:`~daemon.batch.BatchRunner` and hands its messages back through an outbox queue, so the
+  loop stays free while a load point runs;
+- the loop. Each iteration: ``on_tick(now)`` first (a lease past its deadline is fenced before
+  anything stale could be sent, e.g. after SIGSTOP), then the worker's outbox through
+  ``on_outgoing``/``on_batch_done``, then a stop request if one came, then at most 100 ms of
+  polling the socket, each decoded message fed to ``on_message``. The session's instructions are
+  executed in order as they come back. Every wait has a deadline.
+
+A crash of the daemon's own code inside a batch (an exception escaping ``BatchRunner.run``)
+becomes a BATCH_ERROR carrying the error and the last lines of its traceback; the worker then
+reports the batch done and the daemon asks for new work. A :class:`~daemon.session.Reconnect`
+closes the socket at once (linger 0) and opens a new DEALER with the same routing id after the
+delay, ticking meanwhile so leases still fence on time.
+
+Stopping (SHUTDOWN, SIGINT, SIGTERM, the parent dying with ``--exit-with-parent``, the
+coordinator lost) aborts the running batch (its vLLM's process group is killed, nothing more is
+submitted for it), says BYE, and :meth:`DaemonAgent.run` returns the exit code.
 """
 
 from __future__ import annotations
@@ -15,45 +29,50 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import threading
 import time
-import uuid
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 import zmq
 
-from daemon.batch import BatchContext, BatchRunner
+from daemon.batch import UNSTAMPED, BatchContext, BatchRunner, Emit
 from daemon.fingerprint import collect_fingerprint
-from servetune.errors import ProtocolError, ServetuneError
-from servetune.messages import (
-    Ack,
-    Bye,
-    Capabilities,
-    Conflict,
-    Grant,
-    Heartbeat,
-    Hello,
-    NoWork,
-    Ready,
-    Renewed,
-    Result,
-    Revoked,
-    Shutdown,
-    Stale,
-    Welcome,
-    decode,
-    encode,
+from daemon.session import (
+    AbortBatch,
+    DaemonSession,
+    Exit,
+    Instruction,
+    Log,
+    Outgoing,
+    Reconnect,
+    Send,
+    StartBatch,
 )
+from servetune.errors import ProtocolError
+from servetune.exitcodes import ExitCode
+from servetune.messages import BatchError, Capabilities, Grant, decode, encode
+from servetune.wire import configure_dealer
 
 log = logging.getLogger(__name__)
+session_log = logging.getLogger("daemon.session")
 
-WELCOME_TIMEOUT_S = 60.0
-HELLO_RESEND_S = 5.0
-HEARTBEAT_S = 1.0
+#: Longest wait on the socket per loop iteration (milliseconds).
+POLL_MS = 100
+#: Lines of a crashed batch's traceback sent in its BATCH_ERROR.
+TRACEBACK_LINES = 40
+#: How long stopping waits for the batch worker (a vLLM server gets 20 s to stop, then SIGKILL).
+WORKER_JOIN_S = 60.0
+#: How long the last close waits to deliver the BYE (milliseconds; the socket's own LINGER is 0).
+FINAL_LINGER_MS = 500
+_ERROR_CHARS = 4000
+_TRACEBACK_CHARS = 60_000
 
 
 @dataclass
@@ -64,6 +83,7 @@ class DaemonOptions:
     client_cpus: list[int] | None = None
     vllm_python: str | None = None
     daemon_id: str | None = None
+    coordinator_lost_s: float = 300.0
 
 
 def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None]:
@@ -77,46 +97,104 @@ def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None
     return cores[:-1], cores[-1:]
 
 
-class DaemonAgent:
-    def __init__(self, opts: DaemonOptions):
-        self.opts = opts
-        self.daemon_id = opts.daemon_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.stop = threading.Event()
-        self._outbox: queue.Queue[object] = queue.Queue()
+def default_daemon_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:100] or "host"
+    return f"{host}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def batch_error(grant: Grant, exc: BaseException) -> BatchError:
+    """The BATCH_ERROR for ``exc`` escaping ``grant``'s run: the error and its traceback's last lines."""
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).splitlines()
+    tail = "\n".join(lines[-TRACEBACK_LINES:])[-_TRACEBACK_CHARS:]
+    return BatchError(session_nonce=UNSTAMPED, batch_id=grant.batch_id, epoch=grant.epoch,
+                      error=f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS], traceback_tail=tail)
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """Put in the outbox after the last message of a batch."""
+
+    batch_id: str
+
+
+RunnerFactory = Callable[[BatchContext, Emit, threading.Event], BatchRunner]
+
+
+class BatchWorker:
+    """One thread running grants one at a time; their messages, then :class:`BatchDone`, go to ``outbox``."""
+
+    def __init__(self, runner: BatchRunner, outbox: queue.Queue[Outgoing | BatchDone]):
+        self.runner = runner
+        self.outbox = outbox
         self._grants: queue.Queue[Grant | None] = queue.Queue()
-        self._busy = threading.Event()
-        self._batch_done = threading.Event()
-        self._unacked: dict[str, Result] = {}
-        self.stop_reason = ""
+        self._thread = threading.Thread(target=self._main, name="batch-worker", daemon=True)
 
-    # ------------------------------------------------------------------ signals
+    def start(self) -> None:
+        self._thread.start()
 
-    def install_signal_handlers(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.stop_reason = f"signal {signal.Signals(signum).name}"
-            self.stop.set()
+    def submit(self, grant: Grant) -> None:
+        self._grants.put(grant)
 
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
+    def close(self, timeout_s: float) -> bool:
+        """Abort what runs, stop the thread; False if it did not end within ``timeout_s``."""
+        self.runner.abort()
+        self._grants.put(None)
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
 
-    # ------------------------------------------------------------------ worker
-
-    def _worker(self, runner: BatchRunner) -> None:
+    def _main(self) -> None:
         while True:
             grant = self._grants.get()
             if grant is None:
                 return
             try:
-                runner.run(grant)
-            except Exception:
-                log.exception("batch %s crashed", grant.batch_id)
+                self.runner.run(grant)
+            except Exception as exc:  # our own code crashed: a daemon error, never a measurement
+                log.exception("batch %s crashed inside the daemon", grant.batch_id)
+                self.outbox.put(batch_error(grant, exc))
             finally:
-                self._busy.clear()
-                self._batch_done.set()
+                self.outbox.put(BatchDone(grant.batch_id))
 
-    # ------------------------------------------------------------------ main loop
 
-    def run(self) -> int:
+class DaemonAgent:
+    """Runs one daemon: :meth:`run` blocks until it exits and returns the exit code.
+
+    ``runner_factory`` builds the batch runner (tests pass a subclass); ``clock`` is the
+    monotonic clock the session sees. :meth:`request_stop` may be called from any thread.
+    """
+
+    def __init__(self, opts: DaemonOptions, *, runner_factory: RunnerFactory = BatchRunner,
+                 clock: Callable[[], float] = time.monotonic):
+        self.opts = opts
+        self.daemon_id = opts.daemon_id or default_daemon_id()
+        self.stop = threading.Event()
+        self.stop_reason = ""
+        self._runner_factory = runner_factory
+        self._clock = clock
+        self._outbox: queue.Queue[Outgoing | BatchDone] = queue.Queue()
+        self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._reopen_at = 0.0
+        self._exit: Exit | None = None
+        self._worker: BatchWorker | None = None
+
+    # ------------------------------------------------------------------ stopping
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = reason
+            self.stop.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.request_stop(f"signal {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> ExitCode:
         server_cpus, client_cpus = self.opts.server_cpus, self.opts.client_cpus
         if server_cpus is None and client_cpus is None and hasattr(os, "sched_getaffinity"):
             server_cpus, client_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
@@ -127,111 +205,116 @@ class DaemonAgent:
                  server_cpus, client_cpus)
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
                            vllm_python=self.opts.vllm_python)
-        runner = BatchRunner(ctx, self._outbox.put, self.stop)
-        worker = threading.Thread(target=self._worker, args=(runner,), name="batch-worker", daemon=True)
-        worker.start()
-        zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        sock = zctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, self.daemon_id.encode("utf-8"))
-        sock.setsockopt(zmq.MAXMSGSIZE, 80 * 1024 * 1024)
-        sock.connect(self.opts.coordinator)
-        code = 0
+        runner = self._runner_factory(ctx, self._outbox.put, self.stop)
+        self._worker = BatchWorker(runner, self._outbox)
+        self._worker.start()
+        session = DaemonSession(self.daemon_id, os.getpid(), Capabilities(fingerprint=fingerprint),
+                                coordinator_lost_s=self.opts.coordinator_lost_s)
+        self._zctx = zmq.Context()
         try:
-            code = self._loop(sock, fingerprint)
+            self._open()
+            self._loop(session)
         finally:
             self.stop.set()
-            runner.abort()
-            self._grants.put(None)
-            worker.join(timeout=120)
-            if worker.is_alive():
-                log.error("batch worker did not stop within 120 s")
-            # Flush what the worker queued while stopping (never results of abandoned trials).
-            self._flush(sock)
-            try:
-                sock.send(encode(Bye(reason=self.stop_reason or "stopping")), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            sock.close(linger=0)
-        return code
+            if not self._worker.close(WORKER_JOIN_S):
+                log.error("batch worker did not stop within %.0f s", WORKER_JOIN_S)
+            self._close(linger_ms=FINAL_LINGER_MS)
+            self._zctx.term()
+        assert self._exit is not None
+        log.info("daemon %s exits with %d (%s): %s", self.daemon_id, self._exit.code, self._exit.code.name,
+                 self._exit.reason)
+        return self._exit.code
 
-    def _send(self, sock: zmq.Socket[bytes], msg: object) -> None:
-        try:
-            sock.send(encode(msg), zmq.NOBLOCK)  # type: ignore[arg-type]
-        except zmq.ZMQError as exc:
-            log.warning("cannot send %s: %s", type(msg).__name__, exc)
+    def _loop(self, session: DaemonSession) -> None:
+        self._execute(session.start(self._clock()))
+        while self._exit is None:
+            self._execute(session.on_tick(self._clock()))
+            self._drain_outbox(session)
+            if self._exit is None and self.stop.is_set():
+                self._execute(session.on_stop_requested(self.stop_reason or "stop requested", self._clock()))
+            if self._exit is not None:
+                return
+            if self._sock is None:
+                wait = self._reopen_at - self._clock()
+                if wait > 0:
+                    self.stop.wait(min(wait, POLL_MS / 1000))
+                    continue
+                self._open()
+                self._execute(session.on_connected(self._clock()))
+                continue
+            self._receive(session)
 
-    def _flush(self, sock: zmq.Socket[bytes]) -> None:
-        while True:
+    def _drain_outbox(self, session: DaemonSession) -> None:
+        while self._exit is None:
             try:
-                msg = self._outbox.get_nowait()
+                item = self._outbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(msg, Result):
-                self._unacked[msg.submission_id] = msg
-            self._send(sock, msg)
+            if isinstance(item, BatchDone):
+                self._execute(session.on_batch_done(item.batch_id, self._clock()))
+            else:
+                self._execute(session.on_outgoing(item, self._clock()))
 
-    def _loop(self, sock: zmq.Socket[bytes], fingerprint: object) -> int:
-        from servetune.result import Fingerprint
-
-        assert isinstance(fingerprint, Fingerprint)
-        nonce = uuid.uuid4().hex
-        hello = Hello(daemon_id=self.daemon_id, session_nonce=nonce, pid=os.getpid(),
-                      capabilities=Capabilities(fingerprint=fingerprint))
-        welcomed = False
-        start = time.monotonic()
-        last_hello = 0.0
-        ready_at: float | None = None
-        last_beat = time.monotonic()
-        while not self.stop.is_set():
-            now = time.monotonic()
-            if not welcomed:
-                if now - start > WELCOME_TIMEOUT_S:
-                    raise ServetuneError(f"no WELCOME from {self.opts.coordinator} within {WELCOME_TIMEOUT_S:.0f} s")
-                if now - last_hello > HELLO_RESEND_S:
-                    self._send(sock, hello)
-                    last_hello = now
-            if ready_at is not None and now >= ready_at and not self._busy.is_set():
-                self._send(sock, Ready(free_slots=1))
-                ready_at = None
-            if self._batch_done.is_set():
-                self._batch_done.clear()
-                self._flush(sock)
-                ready_at = time.monotonic()
-            self._flush(sock)
-            if self._busy.is_set() and now - last_beat > HEARTBEAT_S:
-                self._send(sock, Heartbeat())
-                last_beat = now
-            if not sock.poll(100, zmq.POLLIN):
-                continue
+    def _receive(self, session: DaemonSession) -> None:
+        sock = self._sock
+        assert sock is not None
+        if not sock.poll(POLL_MS, zmq.POLLIN):
+            return
+        while self._exit is None and self._sock is sock:
             try:
-                msg = decode(sock.recv(zmq.NOBLOCK))
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frame)
             except ProtocolError as exc:
                 log.warning("dropping malformed message from the coordinator: %s", exc)
                 continue
-            if isinstance(msg, Welcome):
-                if msg.session_nonce == nonce and not welcomed:
-                    welcomed = True
-                    ready_at = time.monotonic()
-                    log.info("welcomed by %s", msg.coordinator_id)
-            elif isinstance(msg, Grant):
-                if self._busy.is_set():
-                    log.error("GRANT %s while busy; ignoring it", msg.batch_id)
-                    continue
-                self._busy.set()
-                self._grants.put(msg)
-            elif isinstance(msg, (Ack, Stale, Conflict)):
-                self._unacked.pop(msg.submission_id, None)
-                if not isinstance(msg, Ack):
-                    log.warning("result for %s refused: %s", msg.trial_id[:12], msg.reason)
-            elif isinstance(msg, NoWork):
-                ready_at = time.monotonic() + msg.retry_after_s
-            elif isinstance(msg, Shutdown):
-                self.stop_reason = f"coordinator: {msg.reason}"
-                log.info("shutdown requested: %s", msg.reason)
-                self.stop.set()
-            elif isinstance(msg, (Renewed, Revoked)):
-                pass
-            else:
-                log.warning("unexpected %s from the coordinator", type(msg).__name__)
-        return 0
+            self._execute(session.on_message(msg, self._clock()))
+
+    # ------------------------------------------------------------------ instructions
+
+    def _execute(self, instructions: list[Instruction]) -> None:
+        for ins in instructions:
+            match ins:
+                case Send():
+                    self._send(ins)
+                case StartBatch():
+                    assert self._worker is not None
+                    self._worker.submit(ins.grant)
+                case AbortBatch():
+                    log.warning("aborting batch %s: %s", ins.batch_id, ins.reason)
+                    assert self._worker is not None
+                    self._worker.runner.abort(ins.batch_id)
+                case Reconnect():
+                    self._close()
+                    self._reopen_at = self._clock() + ins.delay_s
+                case Exit():
+                    self._exit = ins
+                case Log():
+                    session_log.log(ins.level, "%s", ins.text)
+
+    def _send(self, ins: Send) -> None:
+        if self._sock is None:
+            log.debug("not connected: %s not sent", ins.msg.type)
+            return
+        try:
+            self._sock.send(encode(ins.msg), zmq.NOBLOCK)
+        except ProtocolError as exc:
+            log.error("cannot send %s: %s", ins.msg.type, exc)
+        except zmq.ZMQError as exc:
+            log.warning("cannot send %s: %s", ins.msg.type, exc)
+
+    # ------------------------------------------------------------------ socket
+
+    def _open(self) -> None:
+        assert self._zctx is not None
+        sock = self._zctx.socket(zmq.DEALER)
+        configure_dealer(sock, self.daemon_id)
+        sock.connect(self.opts.coordinator)
+        self._sock = sock
+
+    def _close(self, linger_ms: int = 0) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=linger_ms)
+            self._sock = None

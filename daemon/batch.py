@@ -4,8 +4,10 @@ One server serves every trial of the batch. Between load points the runner waits
 reports no running or waiting request and resets the prefix cache, so one measurement does not
 leak into the next. A server that will not start, dies, or runs past the trial budget yields a
 ``measurement`` failure carrying its exit code and log tail; the batch goes on where it can.
-When the daemon is told to stop mid-trial, that trial is abandoned and nothing is submitted for
-it (the coordinator records the attempt as a transport failure and a resumed sweep re-runs it).
+When the daemon is told to stop mid-trial (its stop event, or :meth:`BatchRunner.abort` of the
+batch: a fence when its lease ran out or was revoked), that trial is abandoned and nothing more is
+submitted for the batch (the coordinator records the attempt as a transport failure and re-runs
+it); the runner returns at once and is ready for the next grant.
 A load point its stop conditions ended early (error budget, over-saturation) is a result, status
 ok with ``stopped_early`` set; only the trial deadline makes a stop a failure. During each
 measurement a :class:`~daemon.scrape.MetricsScraper` reads the server's ``/metrics`` every 0.5 s
@@ -30,16 +32,32 @@ from daemon.models import ModelResolutionError, resolve_model
 from daemon.scrape import MetricsScraper
 from daemon.server import ServerStartError, VLLMServer
 from servetune.errors import ServetuneError
-from servetune.messages import Grant, GrantedTrial, Phase, Result, State
+from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
 from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[object], None]
+#: Where a runner's messages go (the daemon's outbox, drained by its socket thread).
+Emit = Callable[[State | Result | BatchError], None]
+#: The session nonce on the messages a runner emits; the daemon's session stamps the current one
+#: on each message it sends (:class:`daemon.session.DaemonSession`).
+UNSTAMPED = "unstamped"
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+class _Cancel(threading.Event):
+    """One batch's cancel event; it also reads as set once the daemon-wide ``stop`` is set (the
+    load generator polls ``is_set``)."""
+
+    def __init__(self, stop: threading.Event):
+        super().__init__()
+        self._daemon_stop = stop
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._daemon_stop.is_set()
 
 
 @dataclass
@@ -51,7 +69,13 @@ class BatchContext:
 
 
 class BatchRunner:
-    """Runs grants one at a time. ``emit`` queues a message for the daemon's socket thread."""
+    """Runs grants one at a time, on one worker thread. ``emit`` queues a message for the daemon's
+    socket thread; ``stop`` is the daemon-wide stop event (checked between steps).
+
+    :meth:`abort` may be called from any thread: it cancels the batch running now (each
+    :meth:`run` has its own cancel event, which the load generator watches) and kills its server
+    without waiting, so the caller's loop stays free.
+    """
 
     def __init__(self, ctx: BatchContext, emit: Emit, stop: threading.Event):
         self.ctx = ctx
@@ -59,24 +83,33 @@ class BatchRunner:
         self.stop = stop
         self._server: VLLMServer | None = None
         self._lock = threading.Lock()
+        self._cancel: threading.Event = _Cancel(stop)  # of the batch running now
+        self._batch_id: str | None = None
 
-    def abort(self) -> None:
-        """Kill the running server now (called from the daemon's main thread when stopping), so a
-        server start or a load point in progress ends at once instead of at its deadline."""
+    def abort(self, batch_id: str | None = None) -> None:
+        """Cancel batch ``batch_id`` (any batch when None) if it is the one running: its load stops,
+        its server is killed in the background, nothing more of it is emitted but what was on its
+        way. A batch that is not running is left alone."""
         with self._lock:
+            if self._batch_id is None or (batch_id is not None and batch_id != self._batch_id):
+                return
+            self._cancel.set()
             server = self._server
         if server is not None:
-            server.stop()
+            threading.Thread(target=server.stop, name="abort-server", daemon=True).start()
+
+    def _stopped(self) -> bool:
+        return self._cancel.is_set()
 
     def _state(self, grant: Grant, trial: GrantedTrial | None, phase: Phase, detail: str = "") -> None:
         self.emit(
-            State(batch_id=grant.batch_id, trial_id=trial.trial_id if trial else None,
+            State(session_nonce=UNSTAMPED, batch_id=grant.batch_id, trial_id=trial.trial_id if trial else None,
                   epoch=trial.attempt if trial else grant.epoch, phase=phase, detail=detail)
         )
 
     def _result(self, grant: Grant, trial: GrantedTrial, outcome: TrialOutcome) -> None:
         self.emit(
-            Result(batch_id=grant.batch_id, trial_id=trial.trial_id, epoch=trial.attempt,
+            Result(session_nonce=UNSTAMPED, batch_id=grant.batch_id, trial_id=trial.trial_id, epoch=trial.attempt,
                    submission_id=uuid.uuid4().hex, outcome=outcome)
         )
 
@@ -89,6 +122,17 @@ class BatchRunner:
             ))
 
     def run(self, grant: Grant) -> None:
+        """Run ``grant`` to its end (or until stopped or aborted). An exception escaping it is a
+        bug of the daemon's own code; the caller reports it (BATCH_ERROR)."""
+        with self._lock:
+            self._cancel, self._batch_id = _Cancel(self.stop), grant.batch_id
+        try:
+            self._run(grant)
+        finally:
+            with self._lock:
+                self._batch_id = None
+
+    def _run(self, grant: Grant) -> None:
         if grant.backend.kind == "openai":
             self._run_external(grant)
             return
@@ -113,7 +157,7 @@ class BatchRunner:
         )
         with self._lock:
             self._server = server
-        if self.stop.is_set():
+        if self._stopped():
             return
         self._state(grant, None, "server_starting", grant.config.label())
         try:
@@ -122,14 +166,14 @@ class BatchRunner:
             except ServerStartError as exc:
                 self._record_server(server)
                 self._state(grant, None, "server_failed", exc.reason)
-                if not self.stop.is_set():
+                if not self._stopped():
                     self._fail_all(grant, grant.trials, started, f"server would not start: {exc.reason}",
                                    server.info(), exc.exit_code, exc.log_tail)
                 return
             self._record_server(server)
             self._state(grant, None, "server_ready", f"{info.startup_s or 0:.0f} s, KV cache {info.kv_cache_tokens} tokens")
             for i, trial in enumerate(grant.trials):
-                if self.stop.is_set():
+                if self._stopped():
                     return
                 if not server.is_alive():
                     code = server.returncode
@@ -165,7 +209,7 @@ class BatchRunner:
         endpoint = Endpoint(backend.base_url, has_metrics=backend.scrape_metrics, api_key=api_key)
         self._state(grant, None, "server_ready", f"external endpoint {backend.base_url}")
         for trial in grant.trials:
-            if self.stop.is_set():
+            if self._stopped():
                 return
             self._run_trial(grant, trial, endpoint, vocab_size=model.vocab_size, api_key=api_key,
                             tokenizer_path=model.tokenizer_path)
@@ -189,7 +233,7 @@ class BatchRunner:
         samples: list[RequestSample]
         try:
             warm, result = run_load_point(
-                server.base_url, grant.model.served_name, vocab_size, lp, deadline, stop=self.stop,
+                server.base_url, grant.model.served_name, vocab_size, lp, deadline, stop=self._cancel,
                 on_measure_start=on_measure_start, api_key=api_key, tokenizer_path=tokenizer_path,
             )
         except Exception as exc:  # the load generator failing is a measurement failure, never a daemon crash
@@ -201,8 +245,8 @@ class BatchRunner:
                 server=server.info(), fingerprint=self.ctx.fingerprint, started_at_us=started, finished_at_us=now_us(),
             ))
             return
-        if self.stop.is_set():
-            log.info("trial %s abandoned: the daemon is stopping", trial.trial_id[:12])
+        if self._stopped():
+            log.info("trial %s abandoned: its batch was stopped (daemon stopping, or its lease fenced)", trial.trial_id[:12])
             if scraper is not None:
                 scraper.stop()
             return

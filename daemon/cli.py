@@ -1,6 +1,21 @@
 """``daemon start --coordinator tcp://HOST:PORT``: join a coordinator and run the trials it leases.
 
 ``daemon tiny-model OUT_DIR`` writes the embedded tiny model (same as ``python -m daemon.tiny_model``).
+
+Exit codes of ``daemon start`` (the table of :mod:`servetune.exitcodes`):
+
+====  ==================  ===================================================================
+0     OK                  the coordinator said SHUTDOWN
+1     ERROR               an error servetune did not expect (the log says which)
+2     USAGE               bad flags (argparse prints the usage)
+5     DAEMON_CONFIG       this node's configuration is unusable: ``--vllm-python`` is not an
+                          executable file, ``--workdir`` cannot be created or written,
+                          ``--daemon-id`` is not a wire id, a CPU list names cores this process
+                          may not use; the message names the flag and its value
+6     LOST_COORDINATOR    no word from the coordinator for ``--coordinator-lost`` seconds
+                          (default 300), including never hearing a WELCOME
+130   INTERRUPTED         SIGINT or SIGTERM (or the parent died with ``--exit-with-parent``)
+====  ==================  ===================================================================
 """
 
 from __future__ import annotations
@@ -9,17 +24,29 @@ import argparse
 import ctypes
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import TypeAdapter, ValidationError
 
 from servetune.errors import ServetuneError
+from servetune.exitcodes import ExitCode
+from servetune.messages import Id
+
+if TYPE_CHECKING:
+    from daemon.agent import DaemonAgent
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+DEFAULT_COORDINATOR_LOST_S = 300.0
+_ENDPOINT = re.compile(r"^(tcp|ipc)://\S+$")
 
 
 def _cpu_list(text: str) -> list[int]:
@@ -39,13 +66,33 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
+def _endpoint(text: str) -> str:
+    if not _ENDPOINT.match(text):
+        raise argparse.ArgumentTypeError(f"not a ZeroMQ address: {text!r} (expected e.g. tcp://10.0.0.5:5555)")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daemon", description="servetune daemon: runs leased vLLM trials on this node")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    start = sub.add_parser("start", help="connect to a coordinator and run trials")
-    start.add_argument("--coordinator", required=True, help="coordinator address, e.g. tcp://10.0.0.5:5555")
+    start = sub.add_parser("start", help="connect to a coordinator and run trials",
+                           description="Connect to a coordinator and run the trials it leases. Exit codes: 0 "
+                                       "SHUTDOWN, 1 unexpected error, 2 bad flags, 5 unusable node configuration, "
+                                       "6 coordinator lost, 130 signal.")
+    start.add_argument("--coordinator", required=True, type=_endpoint,
+                       help="coordinator address, e.g. tcp://10.0.0.5:5555")
     start.add_argument("--workdir", type=Path, default=Path(os.environ.get("SERVETUNE_DAEMON_DIR", "servetune-daemon")),
                        help="where server logs and the record of started servers go")
     start.add_argument("--server-cpus", type=_cpu_list, default=None, help="cores for vLLM (default: all but the last)")
@@ -54,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--vllm-python", default=None,
                        help="interpreter that has vLLM installed (default: this one); a spec's backend.python wins")
     start.add_argument("--daemon-id", default=None, help="routing id (default: host-pid-random)")
+    start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
+                       help="exit with code 6 after this long without a word from the coordinator, including "
+                            "when it never answers the first HELLO (default: %(default)g)")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny model into OUT_DIR")
@@ -61,12 +111,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _watch_parent(agent_stop: threading.Event, parent: int) -> None:
+def node_problems(args: argparse.Namespace) -> list[str]:
+    """What makes this node's configuration unusable, each naming its flag and value."""
+    problems: list[str] = []
+    if args.vllm_python is not None:
+        path = Path(args.vllm_python)
+        if not path.is_file() or not os.access(path, os.X_OK):
+            problems.append(f"--vllm-python {args.vllm_python}: not an executable file")
+    if args.daemon_id is not None:
+        try:
+            TypeAdapter(Id).validate_python(args.daemon_id)
+        except ValidationError:
+            problems.append(f"--daemon-id {args.daemon_id!r}: must be 1-200 characters of A-Z a-z 0-9 . _ : @ + -")
+    try:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=args.workdir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        problems.append(f"--workdir {args.workdir}: cannot be created or written: {exc.strerror or exc}")
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    for flag, cpus in (("--server-cpus", args.server_cpus), ("--client-cpus", args.client_cpus)):
+        if cpus is not None and allowed is not None and not set(cpus) <= allowed:
+            outside = sorted(set(cpus) - allowed)
+            problems.append(f"{flag} {','.join(map(str, cpus))}: cores {outside} are not available to this process "
+                            f"(it may use {sorted(allowed)})")
+    return problems
+
+
+def _watch_parent(agent: DaemonAgent, parent: int) -> None:
     """Fallback for systems without PR_SET_PDEATHSIG: poll the parent pid."""
-    while not agent_stop.wait(1.0):
+    while not agent.stop.wait(1.0):
         if os.getppid() != parent:
             log.warning("parent process %d is gone; stopping", parent)
-            agent_stop.set()
+            agent.request_stop(f"parent process {parent} gone")
             return
 
 
@@ -86,25 +163,33 @@ def main(argv: list[str] | None = None) -> int:
         from daemon.tiny_model import generate
 
         print(generate(args.out_dir))
-        return 0
+        return ExitCode.OK
+    problems = node_problems(args)
+    if problems:
+        for problem in problems:
+            log.error("%s", problem)
+        log.error("this node's daemon configuration is unusable; exiting with %d", ExitCode.DAEMON_CONFIG)
+        return ExitCode.DAEMON_CONFIG
     from daemon.agent import DaemonAgent, DaemonOptions
 
     agent = DaemonAgent(DaemonOptions(
         coordinator=args.coordinator, workdir=args.workdir, server_cpus=args.server_cpus,
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, daemon_id=args.daemon_id,
+        coordinator_lost_s=args.coordinator_lost,
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:
         parent = os.getppid()
         _set_pdeathsig()
         if os.getppid() != parent:  # the parent died before prctl took effect
-            return 1
-        threading.Thread(target=_watch_parent, args=(agent.stop, parent), daemon=True).start()
+            return ExitCode.INTERRUPTED
+        threading.Thread(target=_watch_parent, args=(agent, parent), daemon=True).start()
     started = time.monotonic()
     try:
         code = agent.run()
     except ServetuneError as exc:
         log.error("%s", exc)
-        return 1
-    log.info("daemon stopped after %.0f s (%s)", time.monotonic() - started, agent.stop_reason or "done")
-    return code
+        return ExitCode.ERROR
+    log.info("daemon stopped after %.0f s", time.monotonic() - started)
+    return int(code)
+

@@ -10,8 +10,8 @@ Flow (protocol version 2)::
     HELLO(daemon_id, session, seq, held)  ->
                                           <- WELCOME(session, heartbeat_interval_s, lease_ttl_s)
                                           <- RENEWED(seq, held leases still its own) / REVOKED(the rest)
-    READY(session, free_slots)            ->
-                                          <- GRANT(batch: config + ordered trials, epoch, ttl_s)
+    READY(session, seq, held)             ->
+                                          <- GRANT(seq, batch: config + ordered trials, epoch, ttl_s)
                                              | NO_WORK(retry_after_s) | SHUTDOWN(reason)
     HEARTBEAT(session, seq, leases)       ->   every heartbeat_interval_s, busy or idle
                                           <- RENEWED(seq, leases, ttl_s) / REVOKED(seq, leases, reason)
@@ -20,7 +20,7 @@ Flow (protocol version 2)::
                                           <- ACK | STALE | CONFLICT
     BATCH_ERROR(session, batch, epoch, error, traceback_tail) ->   our daemon code crashed
     BYE(session, reason)                  ->
-                                          <- REJOIN(reason)   to a message of an unknown session
+                                          <- REJOIN(session, reason)   to a message of an unknown session
 
 Rules both sides keep:
 
@@ -36,7 +36,8 @@ Rules both sides keep:
   granted and not yet answered with ACK/STALE/CONFLICT) in each HEARTBEAT. RENEWED and REVOKED
   echo the ``seq`` of the HEARTBEAT (or HELLO) they answer; a lease renewed by the answer to the
   message sent at local time ``t`` is valid on the daemon until ``t + ttl_s`` (a GRANT: from when
-  the READY that asked for it was sent). A daemon whose lease runs out stops that trial (vLLM and
+  the READY whose ``seq`` it echoes was sent). A READY or a RESULT that gets no answer is sent
+  again after a few heartbeat intervals (a message can be lost when a connection drops). A daemon whose lease runs out stops that trial (vLLM and
   load) and submits nothing for it: it fences itself. The coordinator revokes a lease only after
   ``ttl_s`` + its grace without renewal, so a fenced daemon is always stopped first.
 - **Results** are idempotent on (trial, epoch, submission_id): a replay gets the same ACK, another
@@ -116,13 +117,17 @@ class Rejoin(_Msg):
     """To a message whose session the coordinator does not know: say HELLO again."""
 
     type: Literal["REJOIN"] = "REJOIN"
+    session_nonce: Id | None = Field(None, description="the session of the message refused")
     reason: Text
 
 
 class Ready(_Msg):
     type: Literal["READY"] = "READY"
     session_nonce: Id
+    seq: int = Field(0, ge=0, description="echoed by the GRANT that answers it")
     free_slots: int = Field(1, ge=0, le=1024)
+    held: list[LeaseRef] = Field(default_factory=list, max_length=100_000,
+                                 description="leases still held (results not yet answered)")
 
 
 class GrantedTrial(_Msg):
@@ -138,6 +143,7 @@ class Grant(_Msg):
     batch_id: Id
     epoch: int = Field(ge=1, description="the highest attempt number among the trials (each trial carries its own)")
     ttl_s: float = Field(gt=0, description="lease TTL: valid from when the READY that asked for it was sent")
+    seq: int = Field(0, ge=0, description="the seq of the READY this GRANT answers")
     model: ModelSpec = Field(description="where to load the model from (not part of trial identity)")
     backend: BackendSpec
     budgets: Budgets
@@ -160,7 +166,7 @@ class State(_Msg):
     session_nonce: Id
     batch_id: Id
     trial_id: Id | None = None
-    epoch: int
+    epoch: int = Field(ge=1)
     phase: Phase
     detail: Text = ""
 

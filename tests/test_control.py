@@ -289,9 +289,11 @@ def test_bye_and_idle_daemon_without_its_lease_requeue_work() -> None:
     clock = Clock()
     c = core(clock)
     g = join(c, "d1", "n1")
-    # an immediate READY (crossing the GRANT) is answered NO_WORK; a later one means the GRANT was lost
+    # an immediate READY (crossing the GRANT) is answered NO_WORK, and so is one from a daemon that
+    # still holds the lease (its results await their ACKs); a later one without it: the GRANT was lost
     assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1")))[0], NoWork)
     clock.t += 3.0
+    assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1", held=refs(g)[1:])))[0], NoWork)
     out = c.handle("d1", Ready(session_nonce="n1"))
     assert [i for i in out if isinstance(i, CloseAttempts)] and "GRANT was lost" in out[0].reason  # type: ignore[attr-defined]
     g2 = sent(c.handle("d1", Ready(session_nonce="n1")), Grant)[0]
