@@ -238,7 +238,8 @@ class ControlCore:
         elif isinstance(msg, BatchError):
             out += self._batch_error(session, msg)
         elif isinstance(msg, Bye):
-            out += self._forget(daemon_id, f"daemon {daemon_id} left: {msg.reason}")
+            prefix = "interrupted: " if msg.reason.startswith("signal ") else ""
+            out += self._forget(daemon_id, f"{prefix}daemon {daemon_id} left: {msg.reason}")
             out.append(DaemonLeft(daemon_id, msg.reason))
         else:
             out.append(Notice(logging.WARNING, f"unexpected {type(msg).__name__} from daemon {daemon_id}; ignored"))

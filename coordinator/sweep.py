@@ -69,8 +69,11 @@ from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
 
-#: results.nc is rewritten at most this often while results arrive, and once at the end.
+#: results.nc is rewritten at most this often while results arrive (and at least ten times its own
+#: last write time apart, so a large experiment's rewrite never hogs the loop), and once at the end.
 DATASET_DEBOUNCE_S = 2.0
+#: The control core's clock is ticked at most this often (and four times per heartbeat interval).
+TICK_S = 0.1
 
 
 class SweepInterrupted(ServetuneError):
@@ -237,7 +240,7 @@ class SweepRunner:
         self.counts = {"ok": 0, "failed": 0}
         self.no_daemon = False
         self._dataset_dirty = False
-        self._dataset_written = 0.0
+        self._dataset_next = 0.0
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
@@ -252,13 +255,17 @@ class SweepRunner:
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=None, dataset_path=None)
         folder = experiment_dir(self.spec.name, self.opts.results_root)
         existed = (folder / "experiment.sqlite").exists()
-        self.store = store = Store.open(folder)
+        endpoint = RouterEndpoint(self.opts.bind)  # first: a bad --bind leaves nothing written
         try:
-            return self._run_with_store(store, folder, existed)
+            self.store = store = Store.open(folder)
+            try:
+                return self._run_with_store(store, folder, existed, endpoint)
+            finally:
+                store.close()
         finally:
-            store.close()
+            endpoint.close()
 
-    def _run_with_store(self, store: Store, folder: Path, existed: bool) -> SweepReport:
+    def _run_with_store(self, store: Store, folder: Path, existed: bool, endpoint: RouterEndpoint) -> SweepReport:
         running: list[tuple[str, int, str, str]] = []
         if existed:
             store.close_stale_sweeps()
@@ -309,7 +316,6 @@ class SweepRunner:
             self.console.print("nothing to run: every planned trial has a result")
             print_ranking(store, self.spec, output_console(), dataset_path)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
-        endpoint = RouterEndpoint(self.opts.bind)  # before the sweep is recorded: a bad --bind leaves no sweep row
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         estimate = self.plan.estimate_seconds() * n_todo / max(1, total)
         self.core = ControlCore(
@@ -344,7 +350,6 @@ class SweepRunner:
                 self._execute(endpoint, self.core.shutdown_all("sweep " + status))
         finally:
             signal.signal(signal.SIGTERM, old_term)
-            endpoint.close()
             self._stop_child()
             store.end_sweep(sweep_id, status)
         dataset_path = write_dataset(store)
@@ -425,12 +430,17 @@ class SweepRunner:
         assert core is not None
         started = time.monotonic()
         budget = self.spec.budgets.sweep_timeout_s
+        tick_every = min(TICK_S, self.fleet.heartbeat_interval_s / 4)
+        last_tick = 0.0
         while not core.finished:
-            got = endpoint.recv(50)
+            got = endpoint.recv(int(tick_every * 1000))
             if got is not None:
                 self._execute(endpoint, core.handle(*got))
-            self._execute(endpoint, core.tick())
-            self._flush_dataset()
+            now = time.monotonic()
+            if now - last_tick >= tick_every:
+                last_tick = now
+                self._execute(endpoint, core.tick())
+                self._flush_dataset()
             if self.child is not None and self.child.poll() is not None:
                 code = self.child.returncode
                 if self.child_daemon_id:
@@ -447,10 +457,12 @@ class SweepRunner:
         durable in the store and its own file before its ACK; the dataset is a view of them)."""
         if not self._dataset_dirty or self.store is None:
             return
-        if force or time.monotonic() - self._dataset_written >= DATASET_DEBOUNCE_S:
+        if force or time.monotonic() >= self._dataset_next:
+            t0 = time.monotonic()
             write_dataset(self.store)
             self._dataset_dirty = False
-            self._dataset_written = time.monotonic()
+            took = time.monotonic() - t0
+            self._dataset_next = time.monotonic() + max(DATASET_DEBOUNCE_S, 10 * took)
 
     def _execute(self, endpoint: RouterEndpoint, instructions: list[Instruction]) -> None:
         store, progress, core = self.store, self.progress, self.core

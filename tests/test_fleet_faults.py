@@ -333,3 +333,37 @@ def test_duplicate_replayed_conflicting_and_stale_submissions(fleet: Fleet) -> N
     subs = sorted(a["submission_id"] for a in fleet.attempts())
     assert subs == ["sub-a", "sub-d"], subs
     _invariants(fleet)
+
+
+ALWAYS_CRASHING_DAEMON = CRASHING_DAEMON.replace("if len(calls) == 1:", "if True:")
+
+
+def test_a_trial_out_of_retries_is_a_hole_and_the_sweep_exits_3(fleet: Fleet, tmp_path: Path) -> None:
+    script = tmp_path / "always_crashing_daemon.py"
+    script.write_text(ALWAYS_CRASHING_DAEMON)
+    fleet.repeats = 1
+    fleet.spec.write_text(fleet.spec.read_text().replace("repeats: 4", "repeats: 1"))
+    fleet.start_coordinator("--max-transport-retries", "2")
+    fleet.start_daemon("d1", argv=[sys.executable, str(script)])
+    log = _finish(fleet, expect=3)
+    assert "lost 2 attempts to transport or daemon errors in this sweep; left as a hole" in log
+    assert "were not measured (holes)" in log and "daemon error on d1" in log
+    assert sorted(a["attempt"] for a in fleet.attempts()) == [1, 1, 2, 2]
+    _invariants(fleet)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--lease-ttl", "0.1"], "lease_ttl_s"),
+    (["--fleet", "/nonexistent/fleet.yaml"], "cannot read the fleet file"),
+    (["--bind"], "cannot bind"),
+])
+def test_bad_fleet_settings_exit_2_naming_them(fleet: Fleet, args: list[str], needle: str) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", fleet.port))  # --bind names a port already in use
+        busy.listen()
+        fleet.start_coordinator(*[a for a in args if a != "--bind"])
+        code, _, log = fleet.wait_coordinator(30)
+    assert code == 2 and needle in log, log[-2000:]
+    assert not (fleet.folder / "experiment.sqlite").exists(), "nothing is written for a refused setting"
