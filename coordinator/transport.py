@@ -27,7 +27,7 @@ class RouterEndpoint:
     def __init__(self, bind: str = "tcp://127.0.0.1:0"):
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        configure_router(self._sock)
+        configure_router(self._sock, zmq)
         try:
             if bind.endswith(":0"):
                 base = bind.rsplit(":", 1)[0]

@@ -2,7 +2,7 @@
 
 :class:`DaemonAgent` owns three things and no protocol state:
 
-- the ZeroMQ DEALER (settings from :func:`servetune.wire.configure_dealer`), used by the main
+- the ZeroMQ DEALER (settings from :func:`servetune.wire.configure_dealer`, applied with pyzmq), used by the main
   thread only (ZeroMQ sockets are not thread-safe);
 - a :class:`BatchWorker` thread that runs one grant at a time with a
   :class:`~daemon.batch.BatchRunner` and hands its messages back through an outbox queue, so the
@@ -310,7 +310,7 @@ class DaemonAgent:
     def _open(self) -> None:
         assert self._zctx is not None
         sock = self._zctx.socket(zmq.DEALER)
-        configure_dealer(sock, self.daemon_id)
+        configure_dealer(sock, self.daemon_id, zmq)
         sock.connect(self.opts.coordinator)
         self._sock = sock
 

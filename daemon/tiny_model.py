@@ -9,6 +9,7 @@ and machines for one :data:`servetune.tiny.TINY_MODEL_VERSION`; vLLM serves it w
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -84,30 +85,40 @@ def _write_json(path: Path, obj: object) -> None:
 def generate(out_dir: str | os.PathLike[str]) -> Path:
     """Write the tiny model into ``out_dir`` atomically and return its path.
 
-    An existing complete model of the same version is left as it is.
+    An existing complete model of the same version is left as it is. Safe when several processes
+    (daemons sharing a node's cache) generate it at once: one writes, under a lock file beside
+    ``out_dir``, and the others find its model complete.
     """
     out = Path(out_dir)
-    marker = out / "servetune-tiny-version"
-    if marker.exists() and marker.read_text(encoding="utf-8").strip() == TINY_MODEL_VERSION:
+    if _complete(out):
         return out
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not a servetune tiny model v{TINY_MODEL_VERSION}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
-    os.chmod(tmp, 0o755)
-    try:
-        _write_json(tmp / "config.json", TINY_MODEL_CONFIG)
-        _write_json(tmp / "generation_config.json", {"bos_token_id": 1, "eos_token_id": 2})
-        _write_tokenizer(tmp)
-        (tmp / "servetune-tiny-version").write_text(TINY_MODEL_VERSION + "\n", encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file closes
+        if _complete(out):
+            return out
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a servetune tiny model v{TINY_MODEL_VERSION}")
+        tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
+        os.chmod(tmp, 0o755)
+        try:
+            _write_json(tmp / "config.json", TINY_MODEL_CONFIG)
+            _write_json(tmp / "generation_config.json", {"bos_token_id": 1, "eos_token_id": 2})
+            _write_tokenizer(tmp)
+            (tmp / "servetune-tiny-version").write_text(TINY_MODEL_VERSION + "\n", encoding="utf-8")
+            if out.exists():
+                out.rmdir()
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     log.info("tiny model v%s written to %s", TINY_MODEL_VERSION, out)
     return out
+
+
+def _complete(out: Path) -> bool:
+    marker = out / "servetune-tiny-version"
+    return marker.exists() and marker.read_text(encoding="utf-8").strip() == TINY_MODEL_VERSION
 
 
 def default_cache_dir() -> Path:

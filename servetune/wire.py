@@ -31,29 +31,34 @@ RECONNECT_IVL_MS = 200
 RECONNECT_IVL_MAX_MS = 2000
 
 
-def _common(sock: Any) -> None:
-    import zmq
+#: Socket options by pyzmq constant name, applied in order by each adapter
+#: (:func:`configure_router`, :func:`configure_dealer`, given the pyzmq module) before it binds or connects. The core
+#: package names them and never imports zmq.
+COMMON_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("LINGER", 0),
+    ("MAXMSGSIZE", MAX_MESSAGE_BYTES),
+    ("SNDHWM", SEND_HWM),
+    ("RCVHWM", RECEIVE_HWM),
+)
+ROUTER_OPTIONS: tuple[tuple[str, int], ...] = COMMON_OPTIONS + (("ROUTER_MANDATORY", 1), ("ROUTER_HANDOVER", 1))
+#: The DEALER also sets ``IDENTITY`` to the daemon id (its routing id).
+DEALER_OPTIONS: tuple[tuple[str, int], ...] = COMMON_OPTIONS + (
+    ("RECONNECT_IVL", RECONNECT_IVL_MS),
+    ("RECONNECT_IVL_MAX", RECONNECT_IVL_MAX_MS),
+)
 
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
-    sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+
+def _apply(sock: Any, options: tuple[tuple[str, int], ...], zmq: Any) -> None:
+    for name, value in options:
+        sock.setsockopt(getattr(zmq, name), value)
 
 
-def configure_router(sock: Any) -> None:
-    """Settings of the coordinator's ROUTER (call before ``bind``)."""
-    import zmq
-
-    _common(sock)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+def configure_router(sock: Any, zmq: Any) -> None:
+    """Settings of the coordinator's ROUTER (call before ``bind``); ``zmq``: the pyzmq module."""
+    _apply(sock, ROUTER_OPTIONS, zmq)
 
 
-def configure_dealer(sock: Any, identity: str) -> None:
+def configure_dealer(sock: Any, identity: str, zmq: Any) -> None:
     """Settings of a daemon's DEALER (call before ``connect``); ``identity`` is its routing id."""
-    import zmq
-
-    _common(sock)
+    _apply(sock, DEALER_OPTIONS, zmq)
     sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
-    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)

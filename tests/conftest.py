@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,8 +128,10 @@ def e2e_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path) -> Ite
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=base,
     )
     daemons = []
+    logs = root / "e2e" / "logs"  # where the dashboard's trial inspector reads the daemons' lines
+    logs.mkdir(parents=True)
     for i in (1, 2):
-        with open(ARTIFACTS / f"e2e-daemon-{i}.log", "wb") as fh:
+        with open(logs / f"daemon-e2e-daemon-{i}.log", "wb") as fh:
             daemons.append(subprocess.Popen(
                 daemon_cmd("start", "--coordinator", address, "--workdir", str(root / "e2e" / "daemon"),
                            "--daemon-id", f"e2e-daemon-{i}", "--coordinator-lost", "60"),
@@ -149,6 +152,8 @@ def e2e_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path) -> Ite
     proc = subprocess.CompletedProcess(coordinator.args, coordinator.returncode, out, err)
     run = SweepRun(spec_path, root, root / "e2e", proc, time.monotonic() - t0, env)
     run.daemon_codes = [d.returncode for d in daemons]
+    for i in (1, 2):
+        shutil.copy(logs / f"daemon-e2e-daemon-{i}.log", ARTIFACTS / f"e2e-daemon-{i}.log")
     (ARTIFACTS / "e2e-sweep.stdout.txt").write_text(proc.stdout)
     (ARTIFACTS / "e2e-sweep.stderr.txt").write_text(proc.stderr)
     yield run

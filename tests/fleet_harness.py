@@ -128,6 +128,21 @@ class Fleet:
         self.coordinator_runs[-1] = (code, self.coordinator_runs[-1][1])
         return code, out, self.coordinator_log()
 
+    def poll_coordinator(self) -> int | None:
+        """The coordinator's exit code once it has exited (its pipe drained and the code recorded
+        in :attr:`coordinator_runs`), else None; never blocks more than a few seconds."""
+        proc = self.coordinator
+        if proc is None or proc.poll() is None:
+            return None
+        if self.coordinator_runs[-1][0] is None:
+            proc.communicate(timeout=10)
+            self.coordinator_runs[-1] = (proc.returncode, self.coordinator_runs[-1][1])
+        return proc.returncode
+
+    def daemon_log_paths(self) -> list[Path]:
+        """The log of every daemon process started, killed and replaced ones included, in order."""
+        return [Path(p.log_path) for p in self.procs if hasattr(p, "log_path")]
+
     def coordinator_log(self, run: int = -1) -> str:
         return Path(self.coordinator_runs[run][1]).read_text(errors="replace")
 

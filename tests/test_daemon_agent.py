@@ -76,7 +76,7 @@ class ScriptedCoordinator:
     def __init__(self) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
-        configure_router(self.sock)
+        configure_router(self.sock, zmq)
         self.sock.bind("tcp://127.0.0.1:*")
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peer: bytes | None = None

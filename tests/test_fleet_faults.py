@@ -276,7 +276,7 @@ class Scripted:
     def __init__(self, address: str, daemon_id: str = "scripted") -> None:
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
-        configure_dealer(self.sock, daemon_id)
+        configure_dealer(self.sock, daemon_id, zmq)
         self.sock.connect(address)
         self.daemon_id = daemon_id
         self.nonce = "nonce-1"

@@ -48,3 +48,13 @@ def test_existing_folder_is_not_clobbered(tmp_path: Path) -> None:
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
     again = generate(tmp_path / "y")
     assert generate(again) == again  # a complete model of the same version is reused
+
+
+def test_concurrent_generation_into_one_cache_is_safe(tmp_path: Path) -> None:
+    """Two daemons on one node share its cache and may generate the model at the same moment."""
+    out = tmp_path / "shared" / "tiny"
+    procs = [subprocess.Popen([sys.executable, "-m", "daemon.tiny_model", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-800:] for _, err in results]
+    assert _tree(out) == _tree(generate(tmp_path / "alone"))
