@@ -377,15 +377,16 @@ class ControlCore:
         out: list[Instruction] = []
         held = {(r.trial_id, r.epoch) for r in msg.held}
         for lease in self.leases.held_by(d.daemon_id):
-            # An idle daemon that still holds this lease waits for ACKs of its results: wait too.
-            # One that does not hold it never got the GRANT (or dropped the batch): revoke it now
-            # rather than at its expiry, unless the GRANT may still be on its way.
-            if any(pair in held for pair in lease.outstanding_pairs()) or lease.state is LeaseState.ORPHANED:
+            # An idle daemon that holds this lease waits for ACKs of its results: wait too. One that
+            # got the GRANT (its READY says a GRANT answered that READY) but holds none of it dropped
+            # the batch: revoke it now. Otherwise the GRANT is still on its way or was lost with a
+            # connection: its expiry (TTL + grace without renewal) decides.
+            mine = any(pair in held for pair in lease.outstanding_pairs())
+            if not mine and lease.state is not LeaseState.ORPHANED and 0 < lease.ready_seq <= msg.answered_seq:
+                out += self._revoke(lease, f"daemon {d.daemon_id} is idle without lease {lease.batch_id} "
+                                           "(it dropped the batch it was granted)")
+            else:
                 return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
-            if now - lease.granted_at < max(3 * self.settings.heartbeat_interval_s, 1.0):
-                return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
-            out += self._revoke(lease, f"daemon {d.daemon_id} is idle without lease {lease.batch_id} "
-                                       "(its GRANT was lost or the batch was dropped)")
         if out:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
         work = self._take(d.hardware_class)
@@ -401,7 +402,7 @@ class ControlCore:
         self.leases.add(Lease(
             batch_id=work.batch_id, daemon_id=d.daemon_id, work=pinned, attempts=attempts,
             outstanding={m.trial_id for m in work.trials}, granted_at=now, renewed_at=now,
-            ttl_s=self.settings.lease_ttl_s,
+            ttl_s=self.settings.lease_ttl_s, ready_seq=msg.seq,
         ))
         grant = Grant(
             batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s, seq=msg.seq,

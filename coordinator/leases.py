@@ -46,6 +46,7 @@ class Lease:
     renewed_at: float
     ttl_s: float
     state: LeaseState = LeaseState.ACTIVE
+    ready_seq: int = 0  # the seq of the READY this lease's GRANT answered
     accepted: dict[str, str] = field(default_factory=dict)  # trial_id -> submission_id
 
     @property

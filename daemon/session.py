@@ -242,6 +242,7 @@ class DaemonSession:
         self._ready_since: float | None = None  # when the earliest unanswered READY was sent
         self._ready_last: float | None = None  # when a READY was last sent (this session)
         self._ready_seqs: set[int] = set()  # seqs of the unanswered READYs of this session
+        self._answered_seq = 0  # the seq of the last READY of this session a GRANT answered
         self._next_ready = 0.0  # NO_WORK's retry_after_s
         self._reconnect_base = self.policy.reconnect_first_s
         self.last_ready_sent_at: float | None = None
@@ -434,6 +435,8 @@ class DaemonSession:
         return out + self._maybe_ready(now)
 
     def _on_grant(self, grant: Grant, now: float) -> list[Instruction]:
+        if grant.seq in self._ready_seqs:
+            self._answered_seq = max(self._answered_seq, grant.seq)  # answered, whether taken or refused
         if not self.welcomed:
             return [Log(logging.WARNING, f"GRANT {grant.batch_id} refused: it answers a READY of an earlier session")]
         if self.running_batch is not None:
@@ -524,6 +527,7 @@ class DaemonSession:
         self._hello_retry = self.policy.hello_retry_s
         self._ready_since = self._ready_last = None
         self._ready_seqs.clear()
+        self._answered_seq = 0
         return self._send_hello(now, resend=False)
 
     def _send_hello(self, now: float, resend: bool) -> list[Instruction]:
@@ -545,7 +549,8 @@ class DaemonSession:
         self._ready_last = self.last_ready_sent_at = now
         seq = self._next_seq(now)
         self._ready_seqs.add(seq)
-        return [Send(Ready(session_nonce=self.nonce, seq=seq, free_slots=1, held=self.held(now)))]
+        return [Send(Ready(session_nonce=self.nonce, seq=seq, answered_seq=self._answered_seq, free_slots=1,
+                           held=self.held(now)))]
 
     def _resend_results(self, now: float) -> list[Instruction]:
         """Results unanswered past their retry time are sent again (answers are idempotent), each

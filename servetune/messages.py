@@ -125,6 +125,7 @@ class Ready(_Msg):
     type: Literal["READY"] = "READY"
     session_nonce: Id
     seq: int = Field(0, ge=0, description="echoed by the GRANT that answers it")
+    answered_seq: int = Field(0, ge=0, description="the seq of the last READY of this session a GRANT answered")
     free_slots: int = Field(1, ge=0, le=1024)
     held: list[LeaseRef] = Field(default_factory=list, max_length=100_000,
                                  description="leases still held (results not yet answered)")

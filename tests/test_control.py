@@ -288,15 +288,19 @@ def test_a_daemon_cannot_claim_transport() -> None:
 def test_bye_and_idle_daemon_without_its_lease_requeue_work() -> None:
     clock = Clock()
     c = core(clock)
-    g = join(c, "d1", "n1")
-    # an immediate READY (crossing the GRANT) is answered NO_WORK, and so is one from a daemon that
-    # still holds the lease (its results await their ACKs); a later one without it: the GRANT was lost
-    assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1")))[0], NoWork)
-    clock.t += 3.0
-    assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1", held=refs(g)[1:])))[0], NoWork)
-    out = c.handle("d1", Ready(session_nonce="n1"))
-    assert [i for i in out if isinstance(i, CloseAttempts)] and "GRANT was lost" in out[0].reason  # type: ignore[attr-defined]
-    g2 = sent(c.handle("d1", Ready(session_nonce="n1")), Grant)[0]
+    c.handle("d1", hello("d1", "n1"))
+    g = sent(c.handle("d1", Ready(session_nonce="n1", seq=4)), Grant)[0]
+    assert g.seq == 4  # type: ignore[attr-defined]
+    # a READY that crossed the GRANT (the daemon has not seen it: answered_seq < 4), however late,
+    # and one from a daemon still holding the lease (its results await their ACKs): NO_WORK
+    clock.t += 8.0
+    assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1", seq=5, answered_seq=0)))[0], NoWork)
+    assert isinstance(sent(c.handle("d1", Ready(session_nonce="n1", seq=6, answered_seq=4, held=refs(g)[1:])))[0],
+                      NoWork)
+    # one that got the GRANT and holds none of it dropped the batch: revoked at once and re-granted
+    out = c.handle("d1", Ready(session_nonce="n1", seq=7, answered_seq=4))
+    assert [i for i in out if isinstance(i, CloseAttempts)] and "dropped the batch" in out[0].reason  # type: ignore[attr-defined]
+    g2 = sent(c.handle("d1", Ready(session_nonce="n1", seq=8, answered_seq=4)), Grant)[0]
     assert g2.batch_id == g.batch_id and g2.trials[0].attempt == 2  # type: ignore[attr-defined]
     out = c.handle("d1", Bye(session_nonce="n1", reason="signal SIGTERM"))
     assert [i for i in out if isinstance(i, CloseAttempts)] and [i for i in out if isinstance(i, DaemonLeft)]
