@@ -159,6 +159,7 @@ class FakeDaemon:
     lapsed: int = 0  # leases fenced: their deadline passed before their result was answered
     late_grants: int = 0  # GRANTs refused: their lease had run out before they arrived
     ready_resends: int = 0
+    grants_unmatched: int = 0  # GRANTs whose seq names no READY still waiting (a NO_WORK crossed them)
     result_resends: int = 0
     grants: int = 0
 
@@ -329,8 +330,12 @@ class FakeFleet:
 
     def _grant(self, d: FakeDaemon, grant: Grant, now: float) -> None:
         since = d.ready_sent.get(grant.seq)
-        if since is None:  # a GRANT that names no READY of this session: from the earliest one unanswered
-            since = d.ready_since
+        if since is None:
+            # A GRANT that names no READY still waiting: a NO_WORK (which carries no seq) answered an
+            # older, re-sent READY and cleared the wait. As daemon/session.py: from the earliest READY
+            # still unanswered, else from the last READY sent.
+            d.grants_unmatched += 1
+            since = d.ready_since if d.ready_since is not None else (d.ready_last or None)
         if since is None or not d.welcomed:
             self.unexpected.append(f"{d.daemon_id}: GRANT {grant.batch_id} answers no READY of this session")
             return
@@ -496,7 +501,7 @@ class FakeFleet:
                     "max_renewed_gap_s": d.max_renewed_gap, "renewed": d.renewed, "heartbeats": d.heartbeats,
                     "rejoins": d.rejoins, "revoked": d.revoked, "revoked_answered": d.revoked_answered,
                     "stale": d.stale, "conflict": d.conflict, "lapsed": d.lapsed, "late_grants": d.late_grants,
-                    "ready_resends": d.ready_resends, "result_resends": d.result_resends, "grants": d.grants,
+                    "ready_resends": d.ready_resends, "grants_unmatched": d.grants_unmatched, "result_resends": d.result_resends, "grants": d.grants,
                     "held_at_end": len(d.held), "unanswered_at_end": len(d.unanswered),
                 }
                 for d in self.daemons

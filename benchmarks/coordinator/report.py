@@ -91,10 +91,12 @@ def run_table(result: dict[str, Any]) -> list[str]:
     rows = [
         "| daemons | run | trials ACKed | daemons granted | steady span (s) | completions/s | grants | NO_WORK "
         "| false suspicions | REJOINs | leases revoked (not the probe's) | REVOKED, lease no longer held | STALE / CONFLICT "
-        "| leases fenced on a daemon | GRANTs refused as late | READY / RESULT re-sends "
-        "| finished | coordinator exit | store: attempts | holes | fsync p50 / p90 before (ms) "
+        "| leases fenced on a daemon | GRANTs refused as late | GRANTs after a crossing NO_WORK | READY / RESULT re-sends "
+        "| messages the fakes could not place | finished | coordinator exit | store: attempts | holes "
+        "| fsync p50 / p90 before (ms) "
         "| other processes' CPU before / during (cores) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | --- | ---: | --- | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- "
+        "| ---: | --- | ---: | --- | ---: | --- | --- |",
     ]
     for r in result["runs"]:
         h = r["held"]
@@ -104,7 +106,9 @@ def run_table(result: dict[str, Any]) -> list[str]:
             f"| {r['daemons_granted']} | {_f(r['steady_s'], '.1f')} | {_f(r['completions_per_s'])} | {r['grants']} "
             f"| {r['no_work']} | {h['false_suspicions']} | {h['rejoins']} | {h['revoked_leases']} | {h['revoked_after_ack']} "
             f"| {h['stale']} / {h['conflict']} | {h['lapsed_leases']} | {h.get('late_grants', 0)} "
-            f"| {h.get('ready_resends', 0)} / {h.get('result_resends', 0)} | {'yes' if r.get('finished', True) else 'no (stopped)'} "
+            f"| {h.get('grants_unmatched', 0)} "
+            f"| {h.get('ready_resends', 0)} / {h.get('result_resends', 0)} | {r.get('n_unexpected', 0)} "
+            f"| {'yes' if r.get('finished', True) else 'no (stopped)'} "
             f"| {r['coord_exit']} | {attempts} | {r['store']['holes']} "
             f"| {_f(r.get('fsync_ms_p50'), '.2f')} / {_f(r.get('fsync_ms_p90'), '.2f')} "
             f"| {_f(r.get('others_cores_at_start'), '.2f')} / {_f(r.get('others_cores_busy'), '.2f')} |"
