@@ -201,7 +201,9 @@ def write_section(path: Path, result: dict[str, Any]) -> None:
         f"--lease-grace {s['grace_s']:g} --daemon-wait 60`, pinned to its core; its real store (SQLite WAL, "
         "one fsynced JSON file per result before its ACK, `results.nc` rewritten at most every 2 s), a fresh "
         "results root per run.",
-        f"- Work: {result['runs'][0]['workload']}; the instant backend answers every trial at once, so the "
+        "- Work: " + "; ".join(f"{n} daemons: {w}" for n, w in sorted({r["n_daemons"]: r["workload"]
+                                                                         for r in result["runs"]}.items()))
+        + "; the instant backend answers every trial at once, so the "
         "coordinator's own cost per result is what is measured.",
         f"- Daemons: FAKE ({s['client_procs']} process(es), one `zmq.Poller` loop each, one DEALER per daemon, "
         "`benchmarks/coordinator/clients.py`), pinned to the other core, speaking protocol 2 as `servetune/messages.py` "
