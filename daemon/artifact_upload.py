@@ -31,7 +31,8 @@ from servetune.artifact_messages import (
     ToCoordinator,
     ToDaemon,
 )
-from servetune.artifacts import CHUNK_SIZE, ArtifactError, ArtifactManifest
+from servetune.artifacts import CHUNK_SIZE, ArtifactManifest
+from servetune.errors import ServetuneError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ DONE_PHASES = ("stored", "refused", "failed")
 
 
 class ChunkSource(Protocol):
-    """Where an upload reads its chunks (:class:`servetune.artifacts.FileChunks`)."""
+    """Where an upload reads its chunks (:class:`servetune.artifacts.FileChunks`, or
+    :class:`servetune.artifacts.StoreChunks` over the daemon's spool)."""
 
     def __contains__(self, digest: str) -> bool: ...
 
@@ -154,7 +156,7 @@ class ArtifactUpload:
                 digest = self._queue.popleft()
                 try:
                     data = self.source.read(digest)
-                except (ArtifactError, OSError) as exc:
+                except (ServetuneError, OSError) as exc:  # the file changed, a spooled blob rotted
                     self._finish("failed", str(exc))
                     return out
                 out.append(ArtifactChunk(session_nonce=self.session, trial_id=self.trial_id, epoch=self.epoch,

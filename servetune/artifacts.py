@@ -138,12 +138,36 @@ def load_manifest(store: BlobStore, digest: str) -> ArtifactManifest:
 
 def put_file(store: BlobStore, path: str | os.PathLike[str], kind: ArtifactKind, name: str | None = None,
              chunk_size: int = CHUNK_SIZE) -> ArtifactManifest:
-    """Store a file's chunks and manifest in ``store`` directly (no transfer: a local writer)."""
-    manifest = manifest_for_file(path, kind, name, chunk_size)
-    with Path(path).open("rb") as fh:
-        for digest, offset, length in manifest.spans():
-            fh.seek(offset)
-            store.put(fh.read(length), digest)
+    """Store a file's chunks and manifest in ``store`` directly (no transfer: a local writer or the
+    daemon's spool), in one pass: a file still being appended to (a live server log) is stored as
+    the bytes it held when it was opened.
+
+    Raises:
+        ArtifactError: the file is larger than :data:`MAX_ARTIFACT_BYTES`.
+    """
+    p = Path(path)
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    with p.open("rb") as fh:
+        size = left = os.fstat(fh.fileno()).st_size
+        if size > MAX_ARTIFACT_BYTES:
+            raise ArtifactError(f"{p} is over the {MAX_ARTIFACT_BYTES}-byte bound of one artifact")
+        while left > 0 and (block := fh.read(min(chunk_size, left))):
+            left -= len(block)
+            whole.update(block)
+            chunks.append(store.put(block))
+    manifest = ArtifactManifest(name=name or p.name, kind=kind, size=size - left, sha256=whole.hexdigest(),
+                                chunk_size=chunk_size, chunks=chunks)
+    put_manifest(store, manifest)
+    return manifest
+
+
+def put_bytes(store: BlobStore, data: bytes, name: str, kind: ArtifactKind,
+              chunk_size: int = CHUNK_SIZE) -> ArtifactManifest:
+    """Store bytes as an artifact (chunks and manifest) in ``store`` directly."""
+    manifest = manifest_for_bytes(data, name, kind, chunk_size)
+    for digest, offset, length in manifest.spans():
+        store.put(data[offset:offset + length], digest)
     put_manifest(store, manifest)
     return manifest
 
@@ -234,3 +258,20 @@ class BytesChunks(FileChunks):
         if sha256_hex(data) != digest:
             raise ArtifactError(f"the chunk at byte {offset} does not hash to {digest}")
         return data
+
+
+class StoreChunks:
+    """The chunks of a manifest read from a blob store (the daemon's spool), verified by the store."""
+
+    def __init__(self, store: BlobStore, manifest: ArtifactManifest):
+        self.store = store
+        self._lengths = {d: length for d, _offset, length in manifest.spans()}
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._lengths
+
+    def length(self, digest: str) -> int:
+        return self._lengths[digest]
+
+    def read(self, digest: str) -> bytes:
+        return self.store.get(digest)

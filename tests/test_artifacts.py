@@ -241,3 +241,20 @@ def test_the_index_records_an_attempts_artifacts_once_and_reads_them_back(tmp_pa
     blob.write_bytes(b"bit rot")
     with pytest.raises(BlobCorruptedError, match=manifest.chunks[1]):
         read_artifact(tmp_path, got)
+
+
+def test_a_file_growing_while_it_is_stored_is_stored_as_it_was_when_opened(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    path = tmp_path / "server.log"
+    first = os.urandom(2 * CHUNK_SIZE + 10)
+    path.write_bytes(first)
+    put = store.put
+
+    def put_while_the_server_logs(data: bytes, digest: str | None = None) -> str:
+        with path.open("ab") as fh:
+            fh.write(b"a line logged meanwhile\n")
+        return put(data, digest)
+
+    store.put = put_while_the_server_logs  # type: ignore[method-assign]
+    manifest = put_file(store, path, "server_log")
+    assert manifest.size == len(first) and assemble(store, manifest) == first
