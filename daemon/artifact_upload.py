@@ -53,8 +53,11 @@ class ChunkSource(Protocol):
 
 @dataclass(frozen=True)
 class PacingPolicy:
-    #: Raw chunk bytes per heartbeat interval, over all uploads (4 chunks: 1 MiB/s at a 1 s interval).
+    #: Raw chunk bytes per heartbeat interval, over all uploads (4 chunks: 1 MiB/s at a 1 s interval,
+    #: about 1.4 MB/s with base64: the link must carry that, ~12 Mbit/s, or heartbeats queue; lower it
+    #: for a slower link).
     bytes_per_interval: int = 4 * CHUNK_SIZE
+    #: The heartbeat interval (the adapter sets it from WELCOME's ``heartbeat_interval_s``).
     interval_s: float = 1.0
     #: Offer again when the coordinator has not answered for this long.
     answer_timeout_s: float = 10.0
