@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemon.artifact_spool import ArtifactSpool
 from daemon.endpoint import Endpoint, ServerRequestError
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
@@ -66,6 +67,8 @@ class BatchContext:
     fingerprint: Fingerprint
     server_cpus: list[int] | None
     vllm_python: str | None = None
+    #: where finished attempts' artifacts are kept for upload (:mod:`daemon.artifact_spool`); None: not kept
+    spool: ArtifactSpool | None = None
 
 
 class BatchRunner:
@@ -120,6 +123,7 @@ class BatchRunner:
                 status="failed", failure_kind="measurement", error=error, exit_code=exit_code, log_tail=log_tail,
                 server=server, fingerprint=self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
             ))
+            self._keep_artifacts(trial, server)
 
     def run(self, grant: Grant) -> None:
         """Run ``grant`` to its end (or until stopped or aborted). An exception escaping it is a
@@ -244,6 +248,7 @@ class BatchRunner:
                 status="failed", failure_kind="measurement", error=f"load generator error: {exc}" if isinstance(exc, ServetuneError) else f"load generator error: {exc!r}",
                 server=server.info(), fingerprint=self.ctx.fingerprint, started_at_us=started, finished_at_us=now_us(),
             ))
+            self._keep_artifacts(trial, server.info())
             return
         if self._stopped():
             log.info("trial %s abandoned: its batch was stopped (daemon stopping, or its lease fenced)", trial.trial_id[:12])
@@ -284,7 +289,28 @@ class BatchRunner:
             started_at_us=started,
             finished_at_us=now_us(),
         ))
+        self._keep_artifacts(trial, server.info(), samples, series)
         self._state(grant, trial, "done" if status == "ok" else "failed", lp.name)
+
+    def _keep_artifacts(self, trial: GrantedTrial, server: ServerInfo | None,
+                        samples: list[RequestSample] | None = None, series: list[dict[str, float]] | None = None) -> None:
+        """Snapshot a finished attempt's artifacts (server log as it stands, raw samples, metric
+        series) into the daemon's spool, when it has one. Never fails the trial: a spool that
+        cannot be written is logged."""
+        spool = self.ctx.spool
+        if spool is None:
+            return
+        tid, attempt = trial.trial_id, trial.attempt
+        try:
+            if server is not None and server.log_path and Path(server.log_path).is_file():
+                spool.add_file(tid, attempt, server.log_path, "server_log", "server.log")
+            if samples:
+                lines = "".join(s.model_dump_json() + "\n" for s in samples)
+                spool.add_bytes(tid, attempt, lines.encode("utf-8"), "samples", "samples.jsonl")
+            if series:
+                spool.add_bytes(tid, attempt, json.dumps(series).encode("utf-8"), "metric_series", "server_series.json")
+        except (ServetuneError, OSError) as exc:
+            log.warning("artifacts of trial %s attempt %d not spooled: %s", tid[:12], attempt, exc)
 
     @staticmethod
     def _counters(server: Endpoint) -> dict[str, float]:

@@ -4,7 +4,8 @@ series and logs.
 The trial comes from the URL (``?page=inspector&trial=<id or prefix>``), the trial picker, or the
 Pareto explorer's table. Per-request samples come from :func:`analysis.trial_samples`; the
 server-metric series (``outcome.server_series``), the manifest and the logs from the trial's
-latest finished attempt in the store (:func:`dashboards.app.state.trial_files`): the vLLM server
+latest finished attempt in the store (:func:`dashboards.app.state.trial_files`): the server and
+client logs from the experiment's artifact store when a daemon uploaded them, else the vLLM server
 log under the experiment's ``daemon/logs/`` and the client side (the daemon's log lines: load
 generator, server lifecycle) of the attempt's time window from the experiment's ``logs/``.
 """

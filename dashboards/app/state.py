@@ -29,6 +29,8 @@ import xarray as xr
 
 import analysis
 from analysis.frame import Parameter, parameters
+from servetune.artifact_index import attempt_artifacts, read_text
+from servetune.errors import ServetuneError
 from servetune.paths import results_root
 from servetune.schema import DATASET_FILE, DB_FILE
 
@@ -394,7 +396,9 @@ def _fingerprint_summary(path: Path) -> str:
 @dataclass(frozen=True)
 class TrialFiles:
     """A trial's artifacts: its manifest, its latest finished attempt's record (result JSON), and
-    its logs (the vLLM server log; the daemon log lines of the attempt's time window)."""
+    its logs (the vLLM server log; the daemon log lines of the attempt's time window): from the
+    experiment's artifact store (:mod:`servetune.artifact_index`) when it holds them, else from
+    the files a local daemon left under the experiment folder."""
 
     manifest: dict[str, Any] | None
     record: dict[str, Any] | None
@@ -422,9 +426,29 @@ def trial_files(folder: Path, trial_id: str, max_chars: int = 60_000) -> TrialFi
         return TrialFiles(manifest, None, "no finished attempt yet", "", "no finished attempt yet", "")
     record = json.loads((folder / row["result_path"]).read_text(encoding="utf-8"))
     server = (record.get("outcome") or {}).get("server") or {}
-    slog, spath = _server_log(folder, server.get("log_path"), row["batch_id"], max_chars)
-    clog, cpath = _client_log(folder, row["started_at_us"], row["finished_at_us"], max_chars)
+    stored = _stored_logs(folder, trial_id, row["attempt"], max_chars)
+    slog, spath = stored.get("server_log") or _server_log(folder, server.get("log_path"), row["batch_id"], max_chars)
+    clog, cpath = stored.get("client_log") or _client_log(folder, row["started_at_us"], row["finished_at_us"],
+                                                          max_chars)
     return TrialFiles(manifest, record, slog, spath, clog, cpath)
+
+
+def _stored_logs(folder: Path, trial_id: str, attempt: int, max_chars: int) -> dict[str, tuple[str, str]]:
+    """The attempt's logs from the experiment's artifact store (uploaded by local and remote
+    daemons alike), by kind: ``(text, where)``. A log the store has no verified copy of is left
+    out (the caller falls back to the files on this machine); one that fails verification is
+    logged and left out too."""
+    out: dict[str, tuple[str, str]] = {}
+    for rec in attempt_artifacts(folder, trial_id, attempt):
+        if rec.kind in ("server_log", "client_log") and rec.kind not in out:
+            try:
+                text = read_text(folder, rec, max_chars)
+            except ServetuneError as exc:
+                log.warning("stored %s of trial %s attempt %d is unreadable: %s", rec.name, trial_id[:12], attempt, exc)
+                continue
+            out[rec.kind] = (text, f"artifact store: {rec.name} ({rec.size} bytes, sha256 {rec.sha256[:12]}, "
+                                   f"from {rec.daemon or 'a daemon'})")
+    return out
 
 
 def _tail(text: str, max_chars: int) -> str:
