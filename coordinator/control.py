@@ -24,6 +24,10 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
+- Identity: a session is bound to the CURVE public key (``key``, as ZAP reported it) it was opened
+  with. A message on that routing id under another key, including a HELLO while the session is
+  live, is refused (:class:`Refused`, nothing else happens). :meth:`ControlCore.revoke_key` (the
+  key was removed from the allow-list) forgets that key's sessions and fences their leases.
 """
 
 from __future__ import annotations
@@ -133,8 +137,18 @@ class NoDaemon:
     waited_s: float
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A message refused because its CURVE key is not its session's (count and log it)."""
+
+    daemon_id: str
+    key: str
+    reason: str
+
+
 Instruction = (
     Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
+    | Refused
 )
 
 
@@ -149,6 +163,7 @@ class DaemonSession:
     pid: int
     last_seen: float
     suspect: bool = False
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,14 +223,23 @@ class ControlCore:
         d = self.daemons.get(daemon_id)
         return d.hardware_class if d else None
 
+    def key_of(self, daemon_id: str) -> str:
+        """The CURVE public key the session of ``daemon_id`` was opened with ("" if none)."""
+        d = self.daemons.get(daemon_id)
+        return d.key if d else ""
+
     # ------------------------------------------------------------------ stimuli
 
-    def handle(self, daemon_id: str, msg: Message) -> list[Instruction]:
-        """One message from the daemon whose routing id is ``daemon_id``."""
+    def handle(self, daemon_id: str, msg: Message, key: str = "") -> list[Instruction]:
+        """One message from the daemon whose routing id is ``daemon_id``, sent under the CURVE
+        public key ``key`` (its identity; a session opened under one key accepts no other)."""
         now = self.clock()
-        if isinstance(msg, Hello):
-            return self._hello(daemon_id, msg, now)
         session = self.daemons.get(daemon_id)
+        if session is not None and session.key != key:
+            return [Refused(daemon_id, key, f"routing id {daemon_id!r} belongs to a live session of another key; "
+                                            f"{type(msg).__name__} refused")]
+        if isinstance(msg, Hello):
+            return self._hello(daemon_id, msg, now, key)
         nonce = getattr(msg, "session_nonce", None)
         if session is None or nonce != session.session_nonce:
             if isinstance(msg, Bye):
@@ -310,12 +334,21 @@ class ControlCore:
         out.append(DaemonLeft(daemon_id, reason))
         return out
 
+    def revoke_key(self, key: str, reason: str) -> list[Instruction]:
+        """``key`` is no longer admitted: forget every session opened with it and fence its leases
+        (their attempts close as transport and are queued again for other daemons)."""
+        out: list[Instruction] = []
+        for d in [d for d in self.daemons.values() if d.key == key]:
+            out += self._forget(d.daemon_id, f"daemon {d.daemon_id}: {reason}")
+            out.append(DaemonLeft(d.daemon_id, reason))
+        return out
+
     def shutdown_all(self, reason: str) -> list[Instruction]:
         return [Send(d, Shutdown(reason=reason)) for d in self.daemons]
 
     # ------------------------------------------------------------------ handlers
 
-    def _hello(self, daemon_id: str, msg: Hello, now: float) -> list[Instruction]:
+    def _hello(self, daemon_id: str, msg: Hello, now: float, key: str) -> list[Instruction]:
         if msg.daemon_id != daemon_id:
             return [Notice(logging.WARNING, f"HELLO from routing id {daemon_id!r} names daemon {msg.daemon_id!r}; "
                                             "ignored")]
@@ -338,7 +371,8 @@ class ControlCore:
                 out += self._revoke(lease, f"daemon {daemon_id} {why} as a new session without lease {lease.batch_id}")
         known = {(r.trial_id, r.epoch) for r in renewed} | set(self._accepted)  # accepted: its replay gets an ACK
         revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known)]
-        self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now)
+        self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now,
+                                                key=key)
         self._no_daemon_since = None
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         out.append(Send(daemon_id, self._welcome(msg.session_nonce)))
