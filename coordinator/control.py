@@ -27,7 +27,8 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
 - Identity: a session is bound to the CURVE public key (``key``, as ZAP reported it) it was opened
   with. A message on that routing id under another key, including a HELLO while the session is
   live, is refused (:class:`Refused`, nothing else happens). :meth:`ControlCore.revoke_key` (the
-  key was removed from the allow-list) forgets that key's sessions and fences their leases.
+  key was removed from the allow-list) forgets that key's sessions and fences their leases. An
+  orphaned lease is adopted only by a session of the key it was granted to (``Orphan.key_id``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
+from servetune.keys import key_id
 from servetune.manifest import TrialManifest
 from servetune.messages import (
     Ack,
@@ -173,6 +175,8 @@ class Orphan:
     daemon_id: str
     work: BatchWork
     attempts: dict[str, int]
+    #: The key id of the daemon it was granted to (None: not recorded); only that key adopts it.
+    key_id: str | None = None
 
 
 @dataclass
@@ -201,6 +205,7 @@ class ControlCore:
         now = self.clock()
         self._no_daemon_since: float | None = now
         self._no_daemon_reported = False
+        self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
         for orphan in self.orphans:
             lease = Lease(
                 batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
@@ -362,6 +367,10 @@ class ControlCore:
         renewed: list[LeaseRef] = []
         revoked: list[LeaseRef] = []
         for lease in self.leases.held_by(daemon_id):
+            if self._foreign(lease, key):
+                out.append(Notice(logging.WARNING, f"daemon {daemon_id} (key {key_id(key)}) cannot adopt orphaned lease "
+                                                   f"{lease.batch_id}: it was granted to key {self._orphan_keys[lease.batch_id]}"))
+                continue
             mine = [(t, e) for t, e in lease.outstanding_pairs() if (t, e) in held]
             if mine and len(mine) == len(lease.outstanding):
                 self.leases.renew(lease, now)
@@ -382,6 +391,11 @@ class ControlCore:
         if revoked:
             out.append(Send(daemon_id, Revoked(seq=msg.seq, leases=revoked, reason="not a current lease of this daemon")))
         return out
+
+    def _foreign(self, lease: Lease, key: str) -> bool:
+        """An orphaned lease granted to another key than ``key`` (it is not this session's to adopt)."""
+        want = self._orphan_keys.get(lease.batch_id)
+        return lease.state is LeaseState.ORPHANED and want is not None and want != (key_id(key) if key else "")
 
     def _welcome(self, nonce: str) -> Welcome:
         return Welcome(session_nonce=nonce, coordinator_id=self.coordinator_id,
@@ -473,7 +487,7 @@ class ControlCore:
             return [Send(d.daemon_id, Conflict(trial_id=msg.trial_id, submission_id=msg.submission_id,
                                                reason="a different result was already accepted for this attempt"))]
         lease = self.leases.current(d.daemon_id, msg.trial_id, msg.epoch)
-        if lease is None or lease.batch_id != msg.batch_id:
+        if lease is None or lease.batch_id != msg.batch_id or self._foreign(lease, d.key):
             return [Send(d.daemon_id, Stale(trial_id=msg.trial_id, submission_id=msg.submission_id,
                                             reason="not the current attempt of a trial leased to this daemon"))]
         if lease.state is LeaseState.ORPHANED:

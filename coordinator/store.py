@@ -344,6 +344,13 @@ class Store:
         ).fetchall()
         return [(r["trial_id"], int(r["attempt"]), r["daemon_id"] or "", r["batch_id"] or "") for r in rows]
 
+    def running_key_ids(self) -> dict[tuple[str, int], str]:
+        """(trial, attempt) -> the daemon key id of each ``running`` attempt that recorded one."""
+        rows = self._conn.execute(
+            "SELECT trial_id, attempt, daemon_key_id FROM attempts WHERE status='running' AND daemon_key_id IS NOT NULL"
+        ).fetchall()
+        return {(r["trial_id"], int(r["attempt"])): r["daemon_key_id"] for r in rows}
+
     def max_attempts(self) -> dict[str, int]:
         """The highest attempt number of every trial that has one."""
         rows = self._conn.execute("SELECT trial_id, MAX(attempt) AS n FROM attempts GROUP BY trial_id").fetchall()

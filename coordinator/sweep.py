@@ -2,7 +2,9 @@
 
 A local sweep is the distributed protocol on loopback: the coordinator binds a ROUTER on
 127.0.0.1 and starts one daemon as a child process (``daemon start --coordinator tcp://...``),
-exactly as a user starts one on a GPU node.
+exactly as a user starts one on a GPU node. Every connection is CURVE (:mod:`coordinator.trust`
+chooses the keys: the coordinator's from ``$SERVETUNE_HOME`` or throwaway ones for a local sweep,
+whose child daemon gets its own throwaway pair through a private ``$SERVETUNE_HOME``).
 
 Resume is the default: a trial whose latest attempt is ``ok`` is not run again, nor one that
 failed as a ``measurement`` (unless ``retry_failed``); holes and ``transport`` failures are run.
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -311,6 +313,9 @@ class SweepRunner:
         self._note_labels(followups)
         work += followups
         orphans, work, unmatched = orphans_from(running, work)
+        owners = store.running_key_ids()  # only the key an orphan was granted to may adopt it
+        orphans = [replace(o, key_id=next((owners[(t, a)] for t, a in o.attempts.items() if (t, a) in owners), None))
+                   for o in orphans]
         if unmatched:
             store.close_attempts(unmatched, "abandoned: the coordinator that granted it stopped, and the trial is "
                                             "not in this plan")
