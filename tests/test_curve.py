@@ -355,12 +355,24 @@ def test_daemon_start_without_keys_exits_daemon_config_saying_what_to_run(tmp_pa
     assert bad.returncode == ExitCode.DAEMON_CONFIG and "--coordinator-key 'short'" in bad.stderr
 
 
-def test_secret_files_are_never_readable_by_others_even_with_a_lax_umask(tmp_path: Path) -> None:
+def test_secret_files_are_never_readable_by_others_even_with_a_lax_umask(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import servetune.keys
+
+    at_creation: list[int] = []  # the mode of each file the moment it exists, before a byte is written
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kw: Any) -> Any:
+        at_creation.append(os.fstat(fd).st_mode & 0o777)
+        return real_fdopen(fd, *args, **kw)
+
+    monkeypatch.setattr(servetune.keys.os, "fdopen", fdopen)
     old = os.umask(0)
     try:
         save_pair(tmp_path / "k", new_pair())
     finally:
         os.umask(old)
+    assert at_creation and set(at_creation) == {0o600}, at_creation
     assert (tmp_path / "k" / "secret.key").stat().st_mode & 0o777 == 0o600
     assert [p.name for p in (tmp_path / "k").iterdir() if p.name.endswith(".tmp")] == []
 
