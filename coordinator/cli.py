@@ -11,6 +11,7 @@ import logging
 import sys
 
 from coordinator.commands import analyze as analyze_cmd
+from coordinator.commands import keys as keys_cmd
 from coordinator.commands import report as report_cmd
 from coordinator.commands import sweep as sweep_cmd
 from coordinator.commands import validate as validate_cmd
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmd.register(sub)
     analyze_cmd.register(sub)
     report_cmd.register(sub)
+    keys_cmd.register(sub)
     return parser
 
 

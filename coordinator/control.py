@@ -24,6 +24,11 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
+- Identity: a session is bound to the CURVE public key (``key``, as ZAP reported it) it was opened
+  with. A message on that routing id under another key, including a HELLO while the session is
+  live, is refused (:class:`Refused`, nothing else happens). :meth:`ControlCore.revoke_key` (the
+  key was removed from the allow-list) forgets that key's sessions and fences their leases. An
+  orphaned lease is adopted only by a session of the key it was granted to (``Orphan.key_id``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
+from servetune.keys import key_id
 from servetune.manifest import TrialManifest
 from servetune.messages import (
     Ack,
@@ -133,8 +139,18 @@ class NoDaemon:
     waited_s: float
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A message refused because its CURVE key is not its session's (count and log it)."""
+
+    daemon_id: str
+    key: str
+    reason: str
+
+
 Instruction = (
     Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
+    | Refused
 )
 
 
@@ -149,6 +165,7 @@ class DaemonSession:
     pid: int
     last_seen: float
     suspect: bool = False
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,8 @@ class Orphan:
     daemon_id: str
     work: BatchWork
     attempts: dict[str, int]
+    #: The key id of the daemon it was granted to (None: not recorded); only that key adopts it.
+    key_id: str | None = None
 
 
 @dataclass
@@ -186,6 +205,7 @@ class ControlCore:
         now = self.clock()
         self._no_daemon_since: float | None = now
         self._no_daemon_reported = False
+        self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
         for orphan in self.orphans:
             lease = Lease(
                 batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
@@ -208,14 +228,23 @@ class ControlCore:
         d = self.daemons.get(daemon_id)
         return d.hardware_class if d else None
 
+    def key_of(self, daemon_id: str) -> str:
+        """The CURVE public key the session of ``daemon_id`` was opened with ("" if none)."""
+        d = self.daemons.get(daemon_id)
+        return d.key if d else ""
+
     # ------------------------------------------------------------------ stimuli
 
-    def handle(self, daemon_id: str, msg: Message) -> list[Instruction]:
-        """One message from the daemon whose routing id is ``daemon_id``."""
+    def handle(self, daemon_id: str, msg: Message, key: str = "") -> list[Instruction]:
+        """One message from the daemon whose routing id is ``daemon_id``, sent under the CURVE
+        public key ``key`` (its identity; a session opened under one key accepts no other)."""
         now = self.clock()
-        if isinstance(msg, Hello):
-            return self._hello(daemon_id, msg, now)
         session = self.daemons.get(daemon_id)
+        if session is not None and session.key != key:
+            return [Refused(daemon_id, key, f"routing id {daemon_id!r} belongs to a live session of another key; "
+                                            f"{type(msg).__name__} refused")]
+        if isinstance(msg, Hello):
+            return self._hello(daemon_id, msg, now, key)
         nonce = getattr(msg, "session_nonce", None)
         if session is None or nonce != session.session_nonce:
             if isinstance(msg, Bye):
@@ -310,12 +339,21 @@ class ControlCore:
         out.append(DaemonLeft(daemon_id, reason))
         return out
 
+    def revoke_key(self, key: str, reason: str) -> list[Instruction]:
+        """``key`` is no longer admitted: forget every session opened with it and fence its leases
+        (their attempts close as transport and are queued again for other daemons)."""
+        out: list[Instruction] = []
+        for d in [d for d in self.daemons.values() if d.key == key]:
+            out += self._forget(d.daemon_id, f"daemon {d.daemon_id}: {reason}")
+            out.append(DaemonLeft(d.daemon_id, reason))
+        return out
+
     def shutdown_all(self, reason: str) -> list[Instruction]:
         return [Send(d, Shutdown(reason=reason)) for d in self.daemons]
 
     # ------------------------------------------------------------------ handlers
 
-    def _hello(self, daemon_id: str, msg: Hello, now: float) -> list[Instruction]:
+    def _hello(self, daemon_id: str, msg: Hello, now: float, key: str) -> list[Instruction]:
         if msg.daemon_id != daemon_id:
             return [Notice(logging.WARNING, f"HELLO from routing id {daemon_id!r} names daemon {msg.daemon_id!r}; "
                                             "ignored")]
@@ -329,6 +367,10 @@ class ControlCore:
         renewed: list[LeaseRef] = []
         revoked: list[LeaseRef] = []
         for lease in self.leases.held_by(daemon_id):
+            if self._foreign(lease, key):
+                out.append(Notice(logging.WARNING, f"daemon {daemon_id} (key {key_id(key)}) cannot adopt orphaned lease "
+                                                   f"{lease.batch_id}: it was granted to key {self._orphan_keys[lease.batch_id]}"))
+                continue
             mine = [(t, e) for t, e in lease.outstanding_pairs() if (t, e) in held]
             if mine and len(mine) == len(lease.outstanding):
                 self.leases.renew(lease, now)
@@ -338,7 +380,8 @@ class ControlCore:
                 out += self._revoke(lease, f"daemon {daemon_id} {why} as a new session without lease {lease.batch_id}")
         known = {(r.trial_id, r.epoch) for r in renewed} | set(self._accepted)  # accepted: its replay gets an ACK
         revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known)]
-        self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now)
+        self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now,
+                                                key=key)
         self._no_daemon_since = None
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         out.append(Send(daemon_id, self._welcome(msg.session_nonce)))
@@ -348,6 +391,11 @@ class ControlCore:
         if revoked:
             out.append(Send(daemon_id, Revoked(seq=msg.seq, leases=revoked, reason="not a current lease of this daemon")))
         return out
+
+    def _foreign(self, lease: Lease, key: str) -> bool:
+        """An orphaned lease granted to another key than ``key`` (it is not this session's to adopt)."""
+        want = self._orphan_keys.get(lease.batch_id)
+        return lease.state is LeaseState.ORPHANED and want is not None and want != (key_id(key) if key else "")
 
     def _welcome(self, nonce: str) -> Welcome:
         return Welcome(session_nonce=nonce, coordinator_id=self.coordinator_id,
@@ -439,7 +487,7 @@ class ControlCore:
             return [Send(d.daemon_id, Conflict(trial_id=msg.trial_id, submission_id=msg.submission_id,
                                                reason="a different result was already accepted for this attempt"))]
         lease = self.leases.current(d.daemon_id, msg.trial_id, msg.epoch)
-        if lease is None or lease.batch_id != msg.batch_id:
+        if lease is None or lease.batch_id != msg.batch_id or self._foreign(lease, d.key):
             return [Send(d.daemon_id, Stale(trial_id=msg.trial_id, submission_id=msg.submission_id,
                                             reason="not the current attempt of a trial leased to this daemon"))]
         if lease.state is LeaseState.ORPHANED:

@@ -51,7 +51,7 @@ def build_dataset(store: Store) -> xr.Dataset:
     n = len(trials)
     coords: dict[str, list[Any]] = {k: [] for k in (
         "trial_id", "attempt", "config_id", "experiment", "load_point", "repeat", "status", "failure_kind",
-        "error", "is_baseline", "baseline_run", "started_at", "hardware_class", "backend", "spec_hash",
+        "error", "is_baseline", "baseline_run", "started_at", "hardware_class", "daemon_key_id", "backend", "spec_hash",
         "in_current_spec", "stopped_early", "client_fell_behind", "request_rate", "max_concurrency",
         "input_len", "output_len", "config_label", "dataset", "dataset_sha256", "endpoint", "arrival", "burstiness",
     )}
@@ -79,6 +79,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         coords["baseline_run"].append(m.baseline_run if m.baseline_run is not None else -1)
         coords["started_at"].append(int(att.started_at_us) if att else 0)
         coords["hardware_class"].append((att.hardware_class or "") if att else "")
+        coords["daemon_key_id"].append((att.daemon_key_id or "") if att else "")
         coords["backend"].append(m.backend)
         coords["spec_hash"].append(first_spec)
         coords["in_current_spec"].append(trial_id in order)

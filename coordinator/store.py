@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS spec_trials (
 CREATE TABLE IF NOT EXISTS attempts (
     trial_id TEXT NOT NULL, attempt INTEGER NOT NULL, status TEXT NOT NULL, failure_kind TEXT, error TEXT,
     daemon_id TEXT, batch_id TEXT, spec_hash TEXT, started_at_us INTEGER NOT NULL, finished_at_us INTEGER,
-    submission_id TEXT, result_path TEXT, metrics_json TEXT, hardware_class TEXT,
+    submission_id TEXT, result_path TEXT, metrics_json TEXT, hardware_class TEXT, daemon_key_id TEXT,
     PRIMARY KEY (trial_id, attempt)
 );
 CREATE TABLE IF NOT EXISTS transitions (
@@ -91,6 +91,8 @@ class AttemptRow:
     metrics: dict[str, Any] | None
     hardware_class: str | None
     submission_id: str | None
+    #: :func:`servetune.keys.key_id` of the CURVE key of the daemon it was granted to (None: older stores).
+    daemon_key_id: str | None = None
 
 
 class Store:
@@ -115,6 +117,7 @@ class Store:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
+        _migrate(conn)
         return cls(path, conn)
 
     @classmethod
@@ -241,7 +244,7 @@ class Store:
         return out
 
     def begin_attempt(self, trial_id: str, *, daemon_id: str, batch_id: str, spec_hash: str,
-                      attempt: int | None = None) -> int:
+                      attempt: int | None = None, daemon_key_id: str | None = None) -> int:
         """Open a new attempt (``running``) and return its number (1, 2, ...). ``attempt``: the number
         the caller expects (the lease epoch it grants); it must be the next one, else :class:`StoreError`."""
         with self._tx() as c:
@@ -251,9 +254,9 @@ class Store:
                 raise StoreError(f"trial {trial_id[:12]}: attempt {attempt} requested, but the next attempt is {nxt}")
             attempt = nxt
             c.execute(
-                "INSERT INTO attempts(trial_id, attempt, status, daemon_id, batch_id, spec_hash, started_at_us)"
-                " VALUES (?,?,?,?,?,?,?)",
-                (trial_id, attempt, "running", daemon_id, batch_id, spec_hash, now_us()),
+                "INSERT INTO attempts(trial_id, attempt, status, daemon_id, batch_id, spec_hash, started_at_us,"
+                " daemon_key_id) VALUES (?,?,?,?,?,?,?,?)",
+                (trial_id, attempt, "running", daemon_id, batch_id, spec_hash, now_us(), daemon_key_id),
             )
             c.execute(
                 "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,?,?,?,?)",
@@ -341,6 +344,13 @@ class Store:
         ).fetchall()
         return [(r["trial_id"], int(r["attempt"]), r["daemon_id"] or "", r["batch_id"] or "") for r in rows]
 
+    def running_key_ids(self) -> dict[tuple[str, int], str]:
+        """(trial, attempt) -> the daemon key id of each ``running`` attempt that recorded one."""
+        rows = self._conn.execute(
+            "SELECT trial_id, attempt, daemon_key_id FROM attempts WHERE status='running' AND daemon_key_id IS NOT NULL"
+        ).fetchall()
+        return {(r["trial_id"], int(r["attempt"])): r["daemon_key_id"] for r in rows}
+
     def max_attempts(self) -> dict[str, int]:
         """The highest attempt number of every trial that has one."""
         rows = self._conn.execute("SELECT trial_id, MAX(attempt) AS n FROM attempts GROUP BY trial_id").fetchall()
@@ -410,4 +420,13 @@ def _attempt(r: sqlite3.Row) -> AttemptRow:
         metrics=json.loads(r["metrics_json"]) if r["metrics_json"] else None,
         hardware_class=r["hardware_class"],
         submission_id=r["submission_id"],
+        daemon_key_id=r["daemon_key_id"] if "daemon_key_id" in r.keys() else None,
     )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a store written by an older servetune up to this schema (columns added since; a store
+    opened read-only is read as it is, missing columns read as None)."""
+    have = {r["name"] for r in conn.execute("PRAGMA table_info(attempts)")}
+    if "daemon_key_id" not in have:
+        conn.execute("ALTER TABLE attempts ADD COLUMN daemon_key_id TEXT")

@@ -2,7 +2,9 @@
 
 A local sweep is the distributed protocol on loopback: the coordinator binds a ROUTER on
 127.0.0.1 and starts one daemon as a child process (``daemon start --coordinator tcp://...``),
-exactly as a user starts one on a GPU node.
+exactly as a user starts one on a GPU node. Every connection is CURVE (:mod:`coordinator.trust`
+chooses the keys: the coordinator's from ``$SERVETUNE_HOME`` or throwaway ones for a local sweep,
+whose child daemon gets its own throwaway pair through a private ``$SERVETUNE_HOME``).
 
 Resume is the default: a trial whose latest attempt is ``ok`` is not run again, nor one that
 failed as a ``measurement`` (unless ``retry_failed``); holes and ``transport`` failures are run.
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -37,6 +39,7 @@ from coordinator.control import (
     Instruction,
     NoDaemon,
     Notice,
+    Refused,
     Send,
     Transition,
     orphans_from,
@@ -49,9 +52,11 @@ from coordinator.progress import SweepProgress
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
 from coordinator.transport import RouterEndpoint
+from coordinator.trust import SweepKeys, sweep_keys
 from servetune.canonical import canonical_json
 from servetune.errors import ServetuneError
 from servetune.exitcodes import ExitCode
+from servetune.keys import HOME_ENV, key_id, servetune_home
 from servetune.manifest import (
     Plan,
     PlannedBatch,
@@ -91,6 +96,8 @@ class SweepOptions:
     daemon_command: list[str] | None = None
     daemon_args: list[str] = field(default_factory=list)
     console: Console | None = None
+    #: ``$SERVETUNE_HOME`` override: the coordinator's keys and the allow-list (servetune.keys).
+    home: Path | None = None
 
 
 @dataclass
@@ -241,6 +248,7 @@ class SweepRunner:
         self.no_daemon = False
         self._dataset_dirty = False
         self._dataset_next = 0.0
+        self.keys: SweepKeys | None = None
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
@@ -255,15 +263,20 @@ class SweepRunner:
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=None, dataset_path=None)
         folder = experiment_dir(self.spec.name, self.opts.results_root)
         existed = (folder / "experiment.sqlite").exists()
-        endpoint = RouterEndpoint(self.opts.bind)  # first: a bad --bind leaves nothing written
+        # first: missing keys or a bad --bind leave nothing written
+        self.keys = keys = sweep_keys(servetune_home(self.opts.home), self.opts.local_daemon)
         try:
-            self.store = store = Store.open(folder)
+            endpoint = RouterEndpoint(self.opts.bind, server=keys.server, gate=keys.gate)
             try:
-                return self._run_with_store(store, folder, existed, endpoint)
+                self.store = store = Store.open(folder)
+                try:
+                    return self._run_with_store(store, folder, existed, endpoint)
+                finally:
+                    store.close()
             finally:
-                store.close()
+                endpoint.close()
         finally:
-            endpoint.close()
+            keys.cleanup()
 
     def _run_with_store(self, store: Store, folder: Path, existed: bool, endpoint: RouterEndpoint) -> SweepReport:
         running: list[tuple[str, int, str, str]] = []
@@ -300,6 +313,9 @@ class SweepRunner:
         self._note_labels(followups)
         work += followups
         orphans, work, unmatched = orphans_from(running, work)
+        owners = store.running_key_ids()  # only the key an orphan was granted to may adopt it
+        orphans = [replace(o, key_id=next((owners[(t, a)] for t, a in o.attempts.items() if (t, a) in owners), None))
+                   for o in orphans]
         if unmatched:
             store.close_attempts(unmatched, "abandoned: the coordinator that granted it stopped, and the trial is "
                                             "not in this plan")
@@ -402,8 +418,10 @@ class SweepRunner:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         self._daemon_log = log_path
+        assert self.keys is not None and self.keys.child_home is not None
+        env = {**os.environ, HOME_ENV: str(self.keys.child_home)}  # its throwaway keys (coordinator.trust)
         with open(log_path, "ab") as fh:
-            self.child = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.child = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         log.info("local daemon pid %d: %s (log %s)", self.child.pid, " ".join(cmd), log_path)
         assert self.progress is not None
         self.progress.phase("starting the local daemon")
@@ -439,6 +457,8 @@ class SweepRunner:
             now = time.monotonic()
             if now - last_tick >= tick_every:
                 last_tick = now
+                for key in endpoint.gate.take_removed():
+                    self._execute(endpoint, core.revoke_key(key, f"key {key_id(key)} removed from the allow-list"))
                 self._execute(endpoint, core.tick())
                 self._flush_dataset()
             if self.child is not None and self.child.poll() is not None:
@@ -472,9 +492,10 @@ class SweepRunner:
                 if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):
                     self._execute(endpoint, core.daemon_lost(ins.daemon_id, f"could not reach daemon {ins.daemon_id}"))
             elif isinstance(ins, BeginAttempts):
+                kid = _key_id_or_none(core.key_of(ins.daemon_id))
                 for trial_id, attempt in ins.attempts.items():
                     store.begin_attempt(trial_id, daemon_id=ins.daemon_id, batch_id=ins.batch_id,
-                                        spec_hash=self.spec_hash, attempt=attempt)
+                                        spec_hash=self.spec_hash, attempt=attempt, daemon_key_id=kid)
             elif isinstance(ins, Accept):
                 self._accept(endpoint, ins)
             elif isinstance(ins, CloseAttempts):
@@ -501,6 +522,8 @@ class SweepRunner:
                     if ins.reason.startswith("signal "):
                         raise SweepInterrupted(f"the local daemon stopped on {ins.reason}")
                     raise ServetuneError(f"the local daemon left: {ins.reason}")
+            elif isinstance(ins, Refused):
+                endpoint.gate.refuse("identity", f"{ins.reason} (key {key_id(ins.key)})", once_per=ins.key)
             elif isinstance(ins, NoDaemon):
                 self.no_daemon = True
                 self.console.print(f"[red]no daemon connected for {ins.waited_s:.0f} s: ending the sweep")
@@ -526,6 +549,8 @@ class SweepRunner:
             "attempt": msg.epoch,
             "submission_id": msg.submission_id,
             "daemon_id": ins.daemon_id,
+            "daemon_key_id": _key_id_or_none(core.key_of(ins.daemon_id)),
+            "daemon_name": endpoint.gate.name(core.key_of(ins.daemon_id)),
             "batch_id": msg.batch_id,
             "spec_hash": self.spec_hash,
             "status": status,
@@ -592,6 +617,10 @@ def join_command(address: str) -> str:
     if host in ("0.0.0.0", "*", "::", "[::]"):
         host = socket.getfqdn()
     return f"daemon start --coordinator tcp://{host}:{port}"
+
+
+def _key_id_or_none(key: str) -> str | None:
+    return key_id(key) if key else None
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -1,7 +1,12 @@
 """The coordinator's ZeroMQ ROUTER socket: a thin adapter around :mod:`servetune.messages`.
 
-Socket options live in :mod:`servetune.wire` (one home for both sides). Every receive has a
-deadline (``poll``); a frame that does not decode is logged and dropped, never raised.
+Socket options live in :mod:`servetune.wire` (one home for both sides). The ROUTER is a CURVE
+server; its ZAP handler (:mod:`coordinator.zap`) admits only allow-listed daemon keys. Every
+message is returned with the CURVE public key ZAP reported for its connection (``User-Id``): the
+daemon's identity, never its routing id. A message from a key removed from the allow-list since
+its connection opened is refused (counted ``removed_key``) and dropped.
+
+Every receive has a deadline (``poll``); a frame that does not decode is logged and dropped, never raised.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ import logging
 
 import zmq
 
+from coordinator.zap import KeyGate, ZapHandler
 from servetune.errors import ProtocolError, ServetuneError
+from servetune.keys import KeyPair, key_id
 from servetune.messages import Message, decode, encode
 from servetune.wire import configure_router
 
@@ -22,13 +29,20 @@ class BindError(ServetuneError):
 
 
 class RouterEndpoint:
-    """Bind a ROUTER on ``bind`` (e.g. ``tcp://127.0.0.1:0`` for a random loopback port)."""
+    """Bind a CURVE ROUTER on ``bind`` (e.g. ``tcp://127.0.0.1:0`` for a random loopback port) with
+    the coordinator's key pair ``server``, admitting the daemon keys of ``gate``.
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:0"):
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    The endpoint has its own ZeroMQ context (one ZAP handler per context)."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", *, server: KeyPair, gate: KeyGate):
+        self.gate = gate
+        self.server_key = server.public
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        configure_router(self._sock, zmq)
+        configure_router(self._sock, zmq, secret_key=server.secret)
+        self._zap = ZapHandler(self._ctx, gate, self._sock)
         try:
+            self._zap.start()
             if bind.endswith(":0"):
                 base = bind.rsplit(":", 1)[0]
                 port = self._sock.bind_to_random_port(base)
@@ -36,21 +50,27 @@ class RouterEndpoint:
             else:
                 self._sock.bind(bind)
                 self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
-            self._sock.close(linger=0)
+        except (zmq.ZMQError, RuntimeError) as exc:
+            self.close()
             raise BindError(f"cannot bind --bind {bind}: {exc}") from None
 
-    def recv(self, timeout_ms: int) -> tuple[str, Message] | None:
-        """One message within ``timeout_ms``, or None. Malformed frames are logged and dropped."""
+    def recv(self, timeout_ms: int) -> tuple[str, Message, str] | None:
+        """One message within ``timeout_ms`` as (routing id, message, CURVE public key), or None.
+        Malformed frames and messages from keys no longer admitted are logged and dropped."""
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
             return None
-        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
         if len(frames) != 2:
             log.warning("dropping message with %d frames (expected 2)", len(frames))
             return None
-        ident, payload = frames
+        ident, payload = frames[0].bytes, frames[1]
+        key = str(payload.get("User-Id") or "")
+        if self.gate.name(key) is None:
+            self.gate.refuse("removed_key", f"message from key {key_id(key)} ({key}), no longer in the allow-list",
+                             once_per=key)
+            return None
         try:
-            return ident.decode("utf-8", "replace"), decode(payload)
+            return ident.decode("utf-8", "replace"), decode(payload.bytes), key
         except ProtocolError as exc:
             log.warning("dropping malformed message from %r: %s", ident, exc)
             return None
@@ -65,4 +85,7 @@ class RouterEndpoint:
         return True
 
     def close(self) -> None:
+        self._sock.disable_monitor()
         self._sock.close(linger=0)
+        self._zap.stop()
+        self._ctx.term()

@@ -3,7 +3,10 @@
 :class:`DaemonAgent` owns three things and no protocol state:
 
 - the ZeroMQ DEALER (settings from :func:`servetune.wire.configure_dealer`, applied with pyzmq), used by the main
-  thread only (ZeroMQ sockets are not thread-safe);
+  thread only (ZeroMQ sockets are not thread-safe). It is a CURVE client with this daemon's key
+  pair that pins the coordinator's public key: a coordinator without that key's secret completes no
+  handshake and gets nothing. A handshake the coordinator refuses (this daemon's key not in its
+  allow-list) or that fails is logged from the socket's monitor, once per kind;
 - a :class:`BatchWorker` thread that runs one grant at a time with a
   :class:`~daemon.batch.BatchRunner` and hands its messages back through an outbox queue, so the
   loop stays free while a load point runs;
@@ -41,6 +44,7 @@ from pathlib import Path
 from types import FrameType
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from daemon.batch import UNSTAMPED, BatchContext, BatchRunner, Emit
 from daemon.fingerprint import collect_fingerprint
@@ -57,6 +61,7 @@ from daemon.session import (
 )
 from servetune.errors import ProtocolError
 from servetune.exitcodes import ExitCode
+from servetune.keys import KeyPair
 from servetune.messages import BatchError, Capabilities, Grant, decode, encode
 from servetune.wire import configure_dealer
 
@@ -79,6 +84,9 @@ _TRACEBACK_CHARS = 60_000
 class DaemonOptions:
     coordinator: str
     workdir: Path
+    #: This daemon's CURVE key pair and the coordinator public key it pins (Z85, servetune.keys).
+    keys: KeyPair
+    coordinator_key: str
     server_cpus: list[int] | None = None
     client_cpus: list[int] | None = None
     vllm_python: str | None = None
@@ -174,6 +182,8 @@ class DaemonAgent:
         self._outbox: queue.Queue[Outgoing | BatchDone] = queue.Queue()
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._handshake_told: set[int] = set()
         self._reopen_at = 0.0
         self._exit: Exit | None = None
         self._worker: BatchWorker | None = None
@@ -258,6 +268,7 @@ class DaemonAgent:
     def _receive(self, session: DaemonSession) -> None:
         sock = self._sock
         assert sock is not None
+        self._watch_handshakes()
         if not sock.poll(POLL_MS, zmq.POLLIN):
             return
         while self._exit is None and self._sock is sock:
@@ -310,11 +321,45 @@ class DaemonAgent:
     def _open(self) -> None:
         assert self._zctx is not None
         sock = self._zctx.socket(zmq.DEALER)
-        configure_dealer(sock, self.daemon_id, zmq)
+        configure_dealer(sock, self.daemon_id, zmq, public_key=self.opts.keys.public,
+                         secret_key=self.opts.keys.secret, server_key=self.opts.coordinator_key)
+        address = f"inproc://daemon-monitor-{id(sock):x}"
+        sock.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        monitor = self._zctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
         sock.connect(self.opts.coordinator)
-        self._sock = sock
+        self._sock, self._monitor = sock, monitor
+
+    def _watch_handshakes(self) -> None:
+        """Log CURVE handshake failures (each kind once until a handshake succeeds)."""
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = int(event["event"])
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshake_told.clear()
+                log.info("CURVE handshake with the coordinator at %s succeeded", self.opts.coordinator)
+                continue
+            if kind in self._handshake_told:
+                continue
+            self._handshake_told.add(kind)
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                log.error("the coordinator at %s refused this daemon's key %s (status %s): add it there with "
+                          "`python -m coordinator keys add NAME %s`", self.opts.coordinator,
+                          self.opts.keys.key_id, event["value"], self.opts.keys.public)
+            else:
+                log.error("CURVE handshake with %s failed (event %#x, error %#x): is --coordinator-key the "
+                          "coordinator's public key?", self.opts.coordinator, kind, int(event["value"]))
 
     def _close(self, linger_ms: int = 0) -> None:
         if self._sock is not None:
+            self._sock.disable_monitor()
             self._sock.close(linger=linger_ms)
             self._sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None

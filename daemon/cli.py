@@ -1,6 +1,10 @@
 """``daemon start --coordinator tcp://HOST:PORT``: join a coordinator and run the trials it leases.
 
 ``daemon tiny-model OUT_DIR`` writes the embedded tiny model (same as ``python -m daemon.tiny_model``).
+``daemon keys init|show`` manages this node's CURVE keys (:mod:`daemon.keys_cmd`).
+
+``daemon start`` connects with CURVE: its key pair is ``$SERVETUNE_HOME/daemon/`` and the coordinator
+public key it pins is ``--coordinator-key`` or the one ``daemon keys init --coordinator-key`` saved.
 
 Exit codes of ``daemon start`` (the table of :mod:`servetune.exitcodes`):
 
@@ -11,7 +15,8 @@ Exit codes of ``daemon start`` (the table of :mod:`servetune.exitcodes`):
 5     DAEMON_CONFIG       this node's configuration is unusable: ``--vllm-python`` is not an
                           executable file, ``--workdir`` cannot be created or written,
                           ``--daemon-id`` is not a wire id, a CPU list names cores this process
-                          may not use; the message names the flag and its value
+                          may not use, no daemon keys or coordinator key (or a malformed one);
+                          the message names the flag or file and its value
 6     LOST_COORDINATOR    no word from the coordinator for ``--coordinator-lost`` seconds
                           (default 300), including never hearing a WELCOME
 130   INTERRUPTED         SIGINT or SIGTERM (or the parent died with ``--exit-with-parent``)
@@ -35,8 +40,18 @@ from typing import TYPE_CHECKING
 
 from pydantic import TypeAdapter, ValidationError
 
+from daemon import keys_cmd
 from servetune.errors import ServetuneError
 from servetune.exitcodes import ExitCode
+from servetune.keys import (
+    KeyFileError,
+    KeyPair,
+    check_key,
+    daemon_dir,
+    load_pair,
+    pinned_coordinator_key,
+    servetune_home,
+)
 from servetune.messages import Id
 
 if TYPE_CHECKING:
@@ -93,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "6 coordinator lost, 130 signal.")
     start.add_argument("--coordinator", required=True, type=_endpoint,
                        help="coordinator address, e.g. tcp://10.0.0.5:5555")
+    start.add_argument("--coordinator-key", default=None, metavar="KEY",
+                       help="the coordinator's CURVE public key to pin (default: the one `daemon keys init "
+                            "--coordinator-key` saved under $SERVETUNE_HOME)")
     start.add_argument("--workdir", type=Path, default=Path(os.environ.get("SERVETUNE_DAEMON_DIR", "servetune-daemon")),
                        help="where server logs and the record of started servers go")
     start.add_argument("--server-cpus", type=_cpu_list, default=None, help="cores for vLLM (default: all but the last)")
@@ -108,7 +126,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop (and stop vLLM) when the process that started this daemon dies")
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny model into OUT_DIR")
     tiny.add_argument("out_dir")
+    keys_cmd.register(sub)
     return parser
+
+
+def node_keys(args: argparse.Namespace, problems: list[str]) -> tuple[KeyPair, str] | None:
+    """This daemon's key pair and the coordinator key it pins; a problem naming the file or flag if not."""
+    home = servetune_home()
+    try:
+        pair = load_pair(daemon_dir(home))
+    except KeyFileError as exc:
+        problems.append(f"daemon keys: {exc} (make them with `daemon keys init`)")
+        return None
+    try:
+        if args.coordinator_key is not None:
+            server = check_key(args.coordinator_key, "--coordinator-key")
+        else:
+            server = pinned_coordinator_key(home)
+    except KeyFileError as exc:
+        problems.append(str(exc))
+        return None
+    return pair, server
 
 
 def node_problems(args: argparse.Namespace) -> list[str]:
@@ -164,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate(args.out_dir))
         return ExitCode.OK
+    if args.command == "keys":
+        return keys_cmd.run(args)
     problems = node_problems(args)
+    keys = node_keys(args, problems)
     if problems:
         for problem in problems:
             log.error("%s", problem)
@@ -172,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.DAEMON_CONFIG
     from daemon.agent import DaemonAgent, DaemonOptions
 
+    assert keys is not None
     agent = DaemonAgent(DaemonOptions(
-        coordinator=args.coordinator, workdir=args.workdir, server_cpus=args.server_cpus,
+        coordinator=args.coordinator, workdir=args.workdir, keys=keys[0], coordinator_key=keys[1],
+        server_cpus=args.server_cpus,
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost,
     ))

@@ -8,12 +8,14 @@ code   name                 meaning
                             result); daemon: stopped when asked (SHUTDOWN from the coordinator)
 1      ERROR                an error servetune did not expect, or the sweep failed (store, the
                             local daemon died); the message says which
-2      USAGE                bad input: an invalid spec, flag or fleet file, an unknown experiment
+2      USAGE                bad input: an invalid spec, flag or fleet file, an unknown experiment,
+                            a fleet sweep without coordinator keys; ``keys`` commands: a malformed
+                            key or name, a missing or malformed key file
 3      HOLES                the sweep ended with trials not measured (sweep budget spent, a trial's
                             retry budget of transport failures used up); run it again to fill them
 4      NO_DAEMON            no daemon was connected for ``--daemon-wait`` seconds; holes are left
 5      DAEMON_CONFIG        daemon: this node's configuration is unusable (vLLM interpreter missing,
-                            work folder not writable, bad CPU list)
+                            work folder not writable, bad CPU list, no daemon keys or coordinator key)
 6      LOST_COORDINATOR     daemon: no word from the coordinator for ``--coordinator-lost`` seconds
 130    INTERRUPTED          stopped by SIGINT or SIGTERM; finished results are kept
 =====  ===================  =====================================================================

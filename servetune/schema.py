@@ -9,7 +9,9 @@ Coordinates on ``trial``
     ``trial_id``, ``attempt`` (0 for a hole), ``config_id``, ``experiment``, ``load_point``,
     ``repeat``, ``status`` (ok / failed / hole), ``failure_kind`` ("" when none), ``is_baseline``,
     ``baseline_run`` (-1 when not a baseline), ``started_at`` (int64 microseconds since the epoch,
-    0 for a hole), ``hardware_class``, ``backend``, ``spec_hash`` (the spec that first planned the
+    0 for a hole), ``hardware_class``, ``daemon_key_id`` (the key id, :func:`servetune.keys.key_id`,
+    of the CURVE key of the daemon that produced the row; "" for a hole or an older store),
+    ``backend``, ``spec_hash`` (the spec that first planned the
     trial), ``in_current_spec``, ``stopped_early`` ("" or why a stop condition ended the load point
     early: the trial is still ok, its metrics cover what ran) and ``client_fell_behind``, the load point's
     ``request_rate``/``max_concurrency`` (NaN when unset), ``input_len``/``output_len`` (mean

@@ -13,8 +13,12 @@ DESIGN.md's verified facts, applied in one place:
 - Send high-water marks are bounded, so a peer that stops reading cannot make the other side's
   queue grow without limit: sends are non-blocking and a full queue is an error the caller logs.
 
-Authentication (CURVE with a ZAP handler that fails closed) is added here by the trust work; until
-then the protocol is unauthenticated and belongs on loopback or a trusted network.
+Authentication: every connection is CURVE, loopback included (:func:`configure_router` makes the
+ROUTER a CURVE server, :func:`configure_dealer` pins the coordinator's public key on the DEALER).
+The ROUTER also sets ``ZAP_DOMAIN`` and ``ZAP_ENFORCE_DOMAIN=1``: libzmq then refuses every
+handshake that no ZAP handler approved (without them CURVE admits any client that knows the
+server key, DESIGN.md), so the coordinator's ZAP handler (``coordinator/zap.py``) decides alone,
+from the allow-list of daemon keys. Keys are Z85 text (:mod:`servetune.keys`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ RECEIVE_HWM = 1000
 #: DEALER reconnect interval and its exponential back-off ceiling, in milliseconds.
 RECONNECT_IVL_MS = 200
 RECONNECT_IVL_MAX_MS = 2000
+#: The ZAP domain of the coordinator's ROUTER (what its ZAP handler is asked about).
+ZAP_DOMAIN = "servetune"
 
 
 #: Socket options by pyzmq constant name, applied in order by each adapter
@@ -53,12 +59,24 @@ def _apply(sock: Any, options: tuple[tuple[str, int], ...], zmq: Any) -> None:
         sock.setsockopt(getattr(zmq, name), value)
 
 
-def configure_router(sock: Any, zmq: Any) -> None:
-    """Settings of the coordinator's ROUTER (call before ``bind``); ``zmq``: the pyzmq module."""
+def configure_router(sock: Any, zmq: Any, *, secret_key: str) -> None:
+    """Settings of the coordinator's ROUTER (call before ``bind``); ``zmq``: the pyzmq module;
+    ``secret_key``: the coordinator's CURVE secret key (Z85). A ZAP handler must be bound on the
+    socket's context, or every daemon is refused."""
     _apply(sock, ROUTER_OPTIONS, zmq)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key.encode("ascii"))
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode("ascii"))
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
 
-def configure_dealer(sock: Any, identity: str, zmq: Any) -> None:
-    """Settings of a daemon's DEALER (call before ``connect``); ``identity`` is its routing id."""
+def configure_dealer(sock: Any, identity: str, zmq: Any, *, public_key: str, secret_key: str,
+                     server_key: str) -> None:
+    """Settings of a daemon's DEALER (call before ``connect``); ``identity`` is its routing id,
+    ``public_key``/``secret_key`` its own CURVE pair and ``server_key`` the coordinator's public key
+    it pins: a server without that key's secret cannot complete the handshake."""
     _apply(sock, DEALER_OPTIONS, zmq)
     sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public_key.encode("ascii"))
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key.encode("ascii"))

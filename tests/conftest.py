@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from daemon.server import VLLMServer, process_group_alive
+from servetune.keys import HOME_ENV
+from tests.fakes.keys import fleet_home
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -49,10 +51,19 @@ E2E_SPEC = textwrap.dedent(
 
 
 def cli_env(tmp_cache: Path) -> dict[str, str]:
+    """The environment of CLI processes: a private cache, and a ``$SERVETUNE_HOME`` next to it with
+    CURVE keys for a one-host fleet (tests.fakes.keys), so fleet sweeps and ``daemon start`` work."""
     env = dict(os.environ)
     env["SERVETUNE_CACHE"] = str(tmp_cache)
     env["PYTHONUNBUFFERED"] = "1"
+    env[HOME_ENV] = str(fleet_home(tmp_cache.parent / f"{tmp_cache.name}-home"))
     return env
+
+
+@pytest.fixture(autouse=True)
+def _private_servetune_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the user's ``~/.servetune``: an empty home per test."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path_factory.mktemp("servetune-home")))
 
 
 def coordinator_cmd(*args: str) -> list[str]:

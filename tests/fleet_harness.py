@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.keys import fleet_home
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Short timings so a fault scenario takes seconds: suspected after 0.6 s, revoked after 3 s.
@@ -77,7 +79,9 @@ class Fleet:
         self.procs: list[subprocess.Popen[Any]] = []
         self._files: list[Any] = []
         base = dict(os.environ)
-        base.update({"PYTHONUNBUFFERED": "1", "SERVETUNE_CACHE": str(self.tmp / "cache")})
+        self.home = fleet_home(self.tmp / "home")  # CURVE keys: coordinator pair, one admitted daemon key
+        base.update({"PYTHONUNBUFFERED": "1", "SERVETUNE_CACHE": str(self.tmp / "cache"),
+                     "SERVETUNE_HOME": str(self.home)})
         base.update(self.env)
         self.env = base
 
@@ -97,17 +101,18 @@ class Fleet:
         return self.coordinator
 
     def start_daemon(self, daemon_id: str, address: str | None = None, *extra: str,
-                     argv: list[str] | None = None) -> subprocess.Popen[bytes]:
+                     argv: list[str] | None = None, home: Path | None = None) -> subprocess.Popen[bytes]:
         """``daemon start`` dialling the coordinator (or ``address``, e.g. a proxy). ``argv``: run
-        another entry point with the same arguments (a daemon with a planted fault)."""
+        another entry point with the same arguments (a daemon with a planted fault). ``home``: its
+        ``$SERVETUNE_HOME`` (default the fleet's, whose daemon key is admitted)."""
         cmd = argv or [sys.executable, "-m", "daemon"]
         log = open(self.tmp / f"daemon-{daemon_id}-{len(self.procs)}.log", "wb")
         self._files.append(log)
         proc = subprocess.Popen(
             cmd + ["start", "--coordinator", address or self.address, "--workdir", str(self.tmp / "daemon"),
                    "--daemon-id", daemon_id, "--coordinator-lost", "30", *extra],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, cwd=REPO,
-            start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
+            env=self.env if home is None else {**self.env, "SERVETUNE_HOME": str(home)},
         )
         proc.log_path = log.name  # type: ignore[attr-defined]
         self.daemons[daemon_id] = proc
@@ -186,9 +191,9 @@ class Fleet:
 
     def attempts(self) -> list[dict[str, Any]]:
         rows = self.query("SELECT trial_id, attempt, status, failure_kind, error, daemon_id, batch_id, submission_id,"
-                          " result_path FROM attempts ORDER BY trial_id, attempt")
+                          " result_path, daemon_key_id FROM attempts ORDER BY trial_id, attempt")
         keys = ["trial_id", "attempt", "status", "failure_kind", "error", "daemon_id", "batch_id", "submission_id",
-                "result_path"]
+                "result_path", "daemon_key_id"]
         return [dict(zip(keys, r)) for r in rows]
 
     def running_on(self, daemon_id: str) -> list[dict[str, Any]]:

@@ -19,14 +19,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import zmq
 
+from coordinator.zap import KeyGate, ZapHandler
 from daemon.agent import DaemonAgent, DaemonOptions
 from daemon.batch import BatchRunner
 from servetune.exitcodes import ExitCode
+from servetune.keys import coordinator_dir, daemon_dir, load_pair, servetune_home
 from servetune.manifest import plan_grid
 from servetune.messages import (
     Ack,
@@ -48,6 +50,7 @@ from servetune.messages import (
 )
 from servetune.spec import parse_spec
 from servetune.wire import configure_router
+from tests.fakes.keys import fleet_home
 from tests.fakes.openai_server import FakeOpenAIServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,9 +77,14 @@ class ScriptedCoordinator:
     ``renew`` is set (renewing every lease listed) and records every message it took in ``seen``."""
 
     def __init__(self) -> None:
+        # CURVE like the real coordinator: the keys of $SERVETUNE_HOME (a private one per test,
+        # conftest), which daemons started by the test find there too.
+        self.home = fleet_home(servetune_home())
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
-        configure_router(self.sock, zmq)
+        configure_router(self.sock, zmq, secret_key=load_pair(coordinator_dir(self.home)).secret)
+        self.zap = ZapHandler(self.ctx, KeyGate(self.home), self.sock)
+        self.zap.start()
         self.sock.bind("tcp://127.0.0.1:*")
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peer: bytes | None = None
@@ -84,8 +92,14 @@ class ScriptedCoordinator:
         self.seen: list[tuple[float, Message]] = []
 
     def close(self) -> None:
+        self.sock.disable_monitor()
         self.sock.close(linger=0)
+        self.zap.stop()
         self.ctx.term()
+
+    def agent_keys(self) -> dict[str, Any]:
+        """The key options of an in-process DaemonAgent dialling this coordinator."""
+        return {"keys": load_pair(daemon_dir(self.home)), "coordinator_key": load_pair(coordinator_dir(self.home)).public}
 
     def send(self, msg: object) -> None:
         assert self.peer is not None
@@ -157,6 +171,7 @@ class Daemon:
 
     def __init__(self, tmp_path: Path, *args: str):
         self.log_path = tmp_path / "daemon.log"
+        fleet_home(servetune_home())  # its CURVE keys, in this test's $SERVETUNE_HOME
         env = dict(os.environ, PYTHONUNBUFFERED="1", SERVETUNE_CACHE=str(tmp_path / "cache"))
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
@@ -265,7 +280,7 @@ def test_a_crash_of_our_code_is_a_batch_error_with_its_traceback(
 ) -> None:
     # server_cpus given and client_cpus not: the agent pins nothing (it runs inside pytest)
     agent = DaemonAgent(DaemonOptions(coordinator=coordinator.address, workdir=tmp_path / "work", server_cpus=[0],
-                                      daemon_id="crash-test", coordinator_lost_s=30),
+                                      daemon_id="crash-test", coordinator_lost_s=30, **coordinator.agent_keys()),
                         runner_factory=CrashingRunner)
     codes: list[ExitCode] = []
     thread = threading.Thread(target=lambda: codes.append(agent.run()), daemon=True)

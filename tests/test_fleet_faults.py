@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from servetune.keys import coordinator_dir, daemon_dir, load_pair
 from servetune.messages import (
     Ack,
     Bye,
@@ -273,10 +274,12 @@ def _outcome() -> TrialOutcome:
 class Scripted:
     """A daemon written out message by message (a test double for the wire, not our daemon)."""
 
-    def __init__(self, address: str, daemon_id: str = "scripted") -> None:
+    def __init__(self, address: str, home: Path, daemon_id: str = "scripted") -> None:
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
-        configure_dealer(self.sock, daemon_id, zmq)
+        pair = load_pair(daemon_dir(home))  # the fleet's admitted daemon key
+        configure_dealer(self.sock, daemon_id, zmq, public_key=pair.public, secret_key=pair.secret,
+                         server_key=load_pair(coordinator_dir(home)).public)
         self.sock.connect(address)
         self.daemon_id = daemon_id
         self.nonce = "nonce-1"
@@ -304,7 +307,7 @@ def test_duplicate_replayed_conflicting_and_stale_submissions(fleet: Fleet) -> N
     fleet.repeats = 1
     fleet.spec.write_text(fleet.spec.read_text().replace("repeats: 4", "repeats: 1"))
     fleet.start_coordinator()
-    d = Scripted(fleet.address)
+    d = Scripted(fleet.address, fleet.home)
     try:
         d.send(Hello(daemon_id=d.daemon_id, session_nonce=d.nonce, pid=1,
                      capabilities=Capabilities(fingerprint=_fingerprint())))

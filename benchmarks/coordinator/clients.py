@@ -14,7 +14,8 @@ longer re-sent; a READY or RESULT unanswered for three heartbeat intervals is se
 backing off to 15 s, as ``daemon.session.SessionPolicy``); RENEWED, REVOKED, NO_WORK (READY again
 after ``retry_after_s``), SHUTDOWN (BYE, done) and REJOIN (a new session, HELLO listing the leases
 still held, unanswered results re-sent after the WELCOME). Nothing is measured: no vLLM, no load,
-no HTTP. Not mimicked: the real daemon's reconnect when the coordinator is silent for three
+no HTTP. CURVE is on, as for real daemons: the fleet's key pair and the coordinator key come from
+``$SERVETUNE_HOME`` (the benchmark makes one per run). Not mimicked: the real daemon's reconnect when the coordinator is silent for three
 intervals (a policy of ``daemon/session.py``, not a protocol rule).
 
 The dead-daemon probe: ``--probe-after-s T`` arms the fleet T seconds after the first HELLO; the
@@ -48,6 +49,7 @@ from typing import Any
 import zmq
 
 from servetune.errors import ProtocolError
+from servetune.keys import daemon_dir, load_pair, pinned_coordinator_key, servetune_home
 from servetune.messages import (
     Ack,
     Bye,
@@ -429,9 +431,14 @@ class FakeFleet:
         print(f"{PROGRESS_PREFIX}{text}", flush=True)
 
     def run(self) -> None:
+        # CURVE as for real daemons: every fake daemon uses the one admitted key pair of
+        # $SERVETUNE_HOME (one key, many sessions) and pins the coordinator key found there.
+        home = servetune_home()
+        pair, server_key = load_pair(daemon_dir(home)), pinned_coordinator_key(home)
         for d in self.daemons:
             sock = self.ctx.socket(zmq.DEALER)
-            configure_dealer(sock, d.daemon_id, zmq)
+            configure_dealer(sock, d.daemon_id, zmq, public_key=pair.public, secret_key=pair.secret,
+                             server_key=server_key)
             sock.connect(self.address)
             self.socks.append(sock)
             self.by_sock[sock] = d

@@ -55,10 +55,10 @@ def free_port() -> int:
 
 
 def coordinator_child(spec: Path, results_root: Path, port: int, timings: FleetTimings, log_path: Path,
-                      cpus: str, cwd: Path) -> Child:
+                      cpus: str, cwd: Path, env: dict[str, str] | None = None) -> Child:
     argv = [sys.executable, "-m", "coordinator", "sweep", str(spec), "--results-root", str(results_root),
             "--no-local-daemon", "--bind", f"tcp://127.0.0.1:{port}", *timings.flags()]
-    return Child("coordinator", argv, log_path, cpus=cpus, cwd=cwd)
+    return Child("coordinator", argv, log_path, cpus=cpus, cwd=cwd, env=env)
 
 
 @dataclass

@@ -47,6 +47,8 @@ from benchmarks.coordinator.profile import SAMPLE_HZ, summarize_raw
 from benchmarks.loadgen.cpu import TreeCPU
 from benchmarks.loadgen.procs import BenchmarkError, Child, Children, install_sigterm_as_interrupt, tail
 from benchmarks.loadgen.spy import ensure_pyspy
+from servetune.keys import HOME_ENV
+from tests.fakes.keys import fleet_home
 
 log = logging.getLogger(__name__)
 
@@ -241,9 +243,11 @@ def _run_in(args: argparse.Namespace, n: int, repeat: int, profile: bool, work: 
     say(f"  fsync of a 3 KB file in the results root: p50 {fsync_p50:.2f} ms, p90 {fsync_p90:.2f} ms")
     port = free_port()
     finished = True
+    # CURVE on: the coordinator's keys and the one daemon key its allow-list admits, shared by the fake fleets
+    env = {**os.environ, HOME_ENV: str(fleet_home(run_dir / "home"))}
     with Children() as children:
         coord = children.start(coordinator_child(spec_path, root, port, timings, run_dir / "coordinator.log",
-                                                 args.coord_cpu, REPO))
+                                                 args.coord_cpu, REPO, env=env))
         coord_cpu = TreeCPU(coord.pid, tick_s=0.1, refresh_every=1000).start()
         coord_mem = ProcSampler(coord.pid).start()
         machine_cpu = MachineCPU().start()
@@ -277,7 +281,7 @@ def _run_in(args: argparse.Namespace, n: int, repeat: int, profile: bool, work: 
             if i == 0 and not args.no_probe and not profile:  # a profiled run has no probe (no idle tail)
                 argv += ["--probe-after-s", f"{args.probe_after_s:g}"]
             fleets.append((children.start(Child(f"fake fleet {i}", argv, run_dir / f"fleet-{i}.log",
-                                                cpus=args.client_cpu, cwd=REPO)), out))
+                                                cpus=args.client_cpu, cwd=REPO, env=env)), out))
         fleet_started = time.monotonic()
         client_cpu = TreeCPU(fleets[0][0].pid, tick_s=0.1, refresh_every=1000).start()
         others = [TreeCPU(c.pid, tick_s=0.1, refresh_every=1000).start() for c, _ in fleets[1:]]

@@ -13,6 +13,7 @@ from coordinator.sweep import SweepOptions, SweepRunner
 from coordinator.transport import BindError
 from servetune.errors import ExperimentNotFoundError, SpecError
 from servetune.exitcodes import ExitCode
+from servetune.keys import KeyFileError
 from servetune.paths import resolve_experiment_dir
 from servetune.spec import ExperimentSpec, load_spec, parse_spec
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         report = SweepRunner(spec, text, options).run()
-    except BindError as exc:
+    except (BindError, KeyFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     return int(report.exit_code)
