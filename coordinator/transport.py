@@ -1,17 +1,19 @@
 """The coordinator's ZeroMQ ROUTER socket: a thin adapter around :mod:`servetune.messages`.
 
 Socket options live in :mod:`servetune.wire` (one home for both sides). Every receive has a
-deadline (``poll``); a frame that does not decode is logged and dropped, never raised.
+deadline (``poll``); a frame that does not decode, or whose routing id is not a daemon id, is
+logged, counted (:attr:`RouterEndpoint.dropped`) and dropped, never raised.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import zmq
 
 from servetune.errors import ProtocolError, ServetuneError
-from servetune.messages import Message, decode, encode
+from servetune.messages import ID_MAX_CHARS, Message, decode, encode, valid_id
 from servetune.wire import configure_router
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,9 @@ class RouterEndpoint:
     """Bind a ROUTER on ``bind`` (e.g. ``tcp://127.0.0.1:0`` for a random loopback port)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0"):
+        #: Frames dropped by :meth:`recv`, by why: ``routing_id`` (not a daemon id: not UTF-8, not
+        #: a wire id, or a ZeroMQ-generated one), ``malformed`` (did not decode), ``frames``.
+        self.dropped: Counter[str] = Counter()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         configure_router(self._sock, zmq)
@@ -46,13 +51,21 @@ class RouterEndpoint:
             return None
         frames = self._sock.recv_multipart(zmq.NOBLOCK)
         if len(frames) != 2:
+            self.dropped["frames"] += 1
             log.warning("dropping message with %d frames (expected 2)", len(frames))
             return None
         ident, payload = frames
+        daemon_id = _routing_id(ident)
+        if daemon_id is None:
+            self.dropped["routing_id"] += 1
+            log.warning("dropping a message whose routing id %r is not a daemon id (%d dropped so far)",
+                        ident[:ID_MAX_CHARS], self.dropped["routing_id"])
+            return None
         try:
-            return ident.decode("utf-8", "replace"), decode(payload)
+            return daemon_id, decode(payload)
         except ProtocolError as exc:
-            log.warning("dropping malformed message from %r: %s", ident, exc)
+            self.dropped["malformed"] += 1
+            log.warning("dropping malformed message from %s: %s", daemon_id, exc)
             return None
 
     def send(self, daemon_id: str, msg: object) -> bool:
@@ -66,3 +79,15 @@ class RouterEndpoint:
 
     def close(self) -> None:
         self._sock.close(linger=0)
+
+
+def _routing_id(ident: bytes) -> str | None:
+    """The daemon id a routing id names, or None when it is not one: a daemon sets its routing id
+    to its id (UTF-8 text that :func:`~servetune.messages.valid_id` accepts); a peer that set none
+    gets a ZeroMQ-generated binary one, and a non-UTF-8 one must never be "replaced" into text that
+    collides with another daemon's."""
+    try:
+        text = ident.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if valid_id(text) else None
