@@ -64,6 +64,7 @@ from servetune.manifest import (
 from servetune.messages import Grant
 from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
+from servetune.plausibility import implausible
 from servetune.result import TrialOutcome
 from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
 
@@ -512,7 +513,10 @@ class SweepRunner:
         outcome = msg.outcome
         status, kind, error = outcome.status, outcome.failure_kind, outcome.error
         metrics: dict[str, Any] | None = None
-        if status == "ok":
+        problem = implausible(outcome)  # kept as a parse failure with its payload (record["outcome"])
+        if problem:
+            status, kind, error = "failed", "parse", f"implausible result: {problem}"
+        elif status == "ok":
             try:
                 metrics = self._metrics(outcome, manifest.load_point)
             except ValueError as exc:
