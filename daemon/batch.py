@@ -30,7 +30,7 @@ from daemon.endpoint import Endpoint, ServerRequestError
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
 from daemon.scrape import MetricsScraper
-from daemon.server import ServerStartError, VLLMServer
+from daemon.server import ServerStartError, VLLMServer, vllm_command
 from servetune.errors import ServetuneError
 from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
 from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
@@ -65,7 +65,10 @@ class BatchContext:
     workdir: Path
     fingerprint: Fingerprint
     server_cpus: list[int] | None
+    #: How this node starts vLLM, as its operator set it (``daemon start --vllm-python`` /
+    #: ``--vllm-launch``); a GRANT never says.
     vllm_python: str | None = None
+    vllm_launch: list[str] | None = None
 
 
 class BatchRunner:
@@ -137,9 +140,6 @@ class BatchRunner:
             self._run_external(grant)
             return
         started = now_us()
-        backend = grant.backend
-        if self.ctx.vllm_python and not backend.python and not backend.launch:
-            backend = backend.model_copy(update={"python": self.ctx.vllm_python})
         try:
             model = resolve_model(grant.model)
         except ModelResolutionError as exc:
@@ -150,7 +150,7 @@ class BatchRunner:
             model=model.model_arg,
             served_name=grant.model.served_name,
             config=grant.config,
-            backend=backend,
+            command=vllm_command(self.ctx.vllm_python, self.ctx.vllm_launch),
             log_path=logs / f"server-{grant.batch_id}-epoch{grant.epoch}-{uuid.uuid4().hex[:6]}.log",
             load_format=model.load_format,
             server_cpus=self.ctx.server_cpus,

@@ -9,7 +9,8 @@ Exit codes of ``daemon start`` (the table of :mod:`servetune.exitcodes`):
 1     ERROR               an error servetune did not expect (the log says which)
 2     USAGE               bad flags (argparse prints the usage)
 5     DAEMON_CONFIG       this node's configuration is unusable: ``--vllm-python`` is not an
-                          executable file, ``--workdir`` cannot be created or written,
+                          executable file, ``--vllm-launch`` names no executable,
+                          ``--workdir`` cannot be created or written,
                           ``--daemon-id`` is not a wire id, a CPU list names cores this process
                           may not use; the message names the flag and its value
 6     LOST_COORDINATOR    no word from the coordinator for ``--coordinator-lost`` seconds
@@ -25,6 +26,8 @@ import ctypes
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -82,6 +85,24 @@ def _endpoint(text: str) -> str:
     return text
 
 
+def _command(text: str) -> list[str]:
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a command: {text!r} ({exc})") from None
+    if not argv:
+        raise argparse.ArgumentTypeError("empty command")
+    return argv
+
+
+def _env_command(name: str) -> list[str] | None:
+    text = os.environ.get(name, "").strip()
+    try:
+        return shlex.split(text) or None
+    except ValueError:
+        return [text]  # node_problems names it: the first word is not an executable
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daemon", description="servetune daemon: runs leased vLLM trials on this node")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -98,8 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--server-cpus", type=_cpu_list, default=None, help="cores for vLLM (default: all but the last)")
     start.add_argument("--client-cpus", type=_cpu_list, default=None,
                        help="cores for the daemon and its load generator (default: the last)")
-    start.add_argument("--vllm-python", default=None,
-                       help="interpreter that has vLLM installed (default: this one); a spec's backend.python wins")
+    vllm = start.add_mutually_exclusive_group()
+    vllm.add_argument("--vllm-python", default=os.environ.get("SERVETUNE_VLLM_PYTHON") or None, metavar="PATH",
+                      help="interpreter that has vLLM installed: runs `PATH -m vllm.entrypoints.openai.api_server` "
+                           "(default: $SERVETUNE_VLLM_PYTHON, else this interpreter)")
+    vllm.add_argument("--vllm-launch", type=_command, default=_env_command("SERVETUNE_VLLM_LAUNCH"),
+                      metavar="'COMMAND ...'",
+                      help="command that starts vLLM's OpenAI API server, one shell-quoted string (split like a shell, "
+                           "never run by one), e.g. 'apptainer exec vllm.sif python3 -m "
+                           "vllm.entrypoints.openai.api_server'; engine flags are appended (default: "
+                           "$SERVETUNE_VLLM_LAUNCH). Only this node's flags choose what runs: a coordinator cannot")
     start.add_argument("--daemon-id", default=None, help="routing id (default: host-pid-random)")
     start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
                        help="exit with code 6 after this long without a word from the coordinator, including "
@@ -118,6 +147,9 @@ def node_problems(args: argparse.Namespace) -> list[str]:
         path = Path(args.vllm_python)
         if not path.is_file() or not os.access(path, os.X_OK):
             problems.append(f"--vllm-python {args.vllm_python}: not an executable file")
+    if args.vllm_launch is not None and shutil.which(args.vllm_launch[0]) is None:
+        problems.append(f"--vllm-launch {shlex.join(args.vllm_launch)!r}: {args.vllm_launch[0]!r} is not an executable "
+                        "on this node's PATH")
     if args.daemon_id is not None:
         try:
             TypeAdapter(Id).validate_python(args.daemon_id)
@@ -174,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = DaemonAgent(DaemonOptions(
         coordinator=args.coordinator, workdir=args.workdir, server_cpus=args.server_cpus,
-        client_cpus=args.client_cpus, vllm_python=args.vllm_python, daemon_id=args.daemon_id,
+        client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
+        daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost,
     ))
     agent.install_signal_handlers()

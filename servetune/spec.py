@@ -475,26 +475,46 @@ class Budgets(StrictModel):
     drain_timeout_s: float = Field(60, gt=0, le=3600)
 
 
+#: Keys that left the spec, with where they went. A spec that still sets one is refused with this
+#: text; a stored spec holding its old default (null) still loads (resume), and the spec hash
+#: counts it as null (:data:`REMOVED_SPEC_FIELDS`), so every recorded hash stays valid.
+MOVED_BACKEND_KEYS: dict[str, str] = {
+    "python": "the daemon's own flag `daemon start --vllm-python PATH` (or $SERVETUNE_VLLM_PYTHON) on each node",
+    "launch": "the daemon's own flag `daemon start --vllm-launch 'COMMAND ...'` (or $SERVETUNE_VLLM_LAUNCH) on "
+              "each node",
+}
+
+
 class BackendSpec(StrictModel):
     """What is measured.
 
-    ``vllm``: the daemon starts vLLM for each engine config (``python``/``launch`` let a node keep
-    vLLM in its own environment or image). ``openai``: an OpenAI-compatible endpoint the user
-    already runs (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending
-    ``model.served_name`` as the model and the API key found in the node's environment variable
-    ``api_key_env``; servetune starts nothing, so the engine search space must be empty.
+    ``vllm``: the daemon starts vLLM for each engine config, with the interpreter or launch command
+    its own operator configured (``daemon start --vllm-python`` / ``--vllm-launch``): a spec, and
+    so a GRANT, carries no command. ``openai``: an OpenAI-compatible endpoint the user already runs
+    (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending ``model.served_name`` as the
+    model and the API key found in the node's environment variable ``api_key_env`` (the value
+    never leaves the node); servetune starts nothing, so the engine search space must be empty.
     """
 
     kind: Literal["vllm", "openai"] = "vllm"
-    python: str | None = Field(None, description="interpreter with vLLM; default: the daemon's own")
-    launch: list[str] | None = Field(
-        None, min_length=1, description="command prefix replacing `PYTHON -m vllm.entrypoints.openai.api_server`"
-    )
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")] | None = Field(
         None, description="openai: the endpoint's base URL, e.g. http://10.0.0.7:8000 (without /v1)"
     )
     api_key_env: EnvName | None = Field(None, description="openai: environment variable holding the API key")
     scrape_metrics: bool = Field(False, description="openai: also read <base_url>/metrics (a vLLM server)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, where in MOVED_BACKEND_KEYS.items():
+            if key in data:
+                if data[key] is not None:
+                    raise ValueError(f"backend.{key} is no longer a spec key: a coordinator never tells a daemon what "
+                                     f"to run; it moved to {where}. Remove backend.{key} from the spec")
+                data = {k: v for k, v in data.items() if k != key}  # a stored spec's old default
+        return data
 
     @model_validator(mode="after")
     def _kind_fields(self) -> BackendSpec:
@@ -507,8 +527,6 @@ class BackendSpec(StrictModel):
                 raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535") from None
             if port == 0:
                 raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535")
-            if self.python or self.launch:
-                raise ValueError("backend.python and backend.launch only apply to backend.kind 'vllm'")
         elif self.base_url or self.api_key_env or self.scrape_metrics:
             raise ValueError("backend.base_url, api_key_env and scrape_metrics only apply to backend.kind 'openai'")
         return self
@@ -564,14 +582,18 @@ class ExperimentSpec(StrictModel):
         Fields added later (:data:`ADDED_SPEC_FIELDS`) are left out while they hold their default, so
         a spec written before they existed keeps its hash.
         """
-        from servetune.canonical import drop_added_defaults, sha256_json
+        from servetune.canonical import drop_added_defaults, restore_removed_fields, sha256_json
 
-        return sha256_json(drop_added_defaults(self.model_dump(mode="json"), ADDED_SPEC_FIELDS))
+        data = restore_removed_fields(self.model_dump(mode="json"), REMOVED_SPEC_FIELDS)
+        return sha256_json(drop_added_defaults(data, ADDED_SPEC_FIELDS))
 
 
 #: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None}
+#: Spec fields removed since, with the value every spec that can still load held (their old
+#: default): put back before hashing, so a spec's hash is the one recorded before they went.
+REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
 
 
 # --------------------------------------------------------------------------- loading & checks
