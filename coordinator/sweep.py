@@ -398,7 +398,7 @@ class SweepRunner:
     def _start_local_daemon(self, address: str, folder: Path) -> None:
         cmd = (self.opts.daemon_command or default_daemon_command()) + [
             "start", "--coordinator", address, "--workdir", str((folder / "daemon").resolve()), "--exit-with-parent",
-        ] + self.opts.daemon_args
+        ] + (["--api-key-env", self.spec.backend.api_key_env] if self.spec.backend.api_key_env else []) + self.opts.daemon_args
         logs = folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"

@@ -69,6 +69,9 @@ class BatchContext:
     #: ``--vllm-launch``); a GRANT never says.
     vllm_python: str | None = None
     vllm_launch: list[str] | None = None
+    #: Environment variables a GRANT's ``backend.api_key_env`` may name (``daemon start
+    #: --api-key-env``): a key is sent only to the endpoint of a variable the operator allowed.
+    api_key_envs: frozenset[str] = frozenset()
 
 
 class BatchRunner:
@@ -194,6 +197,12 @@ class BatchRunner:
         backend = grant.backend
         assert backend.base_url is not None
         api_key = None
+        if backend.api_key_env and backend.api_key_env not in self.ctx.api_key_envs:
+            self._fail_all(grant, grant.trials, started,
+                           f"backend.api_key_env {backend.api_key_env} is not a variable this node lets a coordinator "
+                           f"use as an API key: start the daemon with --api-key-env {backend.api_key_env}",
+                           None, None, None)
+            return
         if backend.api_key_env:
             api_key = os.environ.get(backend.api_key_env)
             if not api_key:

@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "never run by one), e.g. 'apptainer exec vllm.sif python3 -m "
                            "vllm.entrypoints.openai.api_server'; engine flags are appended (default: "
                            "$SERVETUNE_VLLM_LAUNCH). Only this node's flags choose what runs: a coordinator cannot")
+    start.add_argument("--api-key-env", action="append", metavar="NAME", dest="api_key_envs",
+                       default=[n for n in os.environ.get("SERVETUNE_API_KEY_ENVS", "").split(",") if n.strip()],
+                       help="an environment variable of this node that a spec's backend.api_key_env may name: its "
+                            "value is sent as the API key to the spec's base_url (repeatable; default: "
+                            "$SERVETUNE_API_KEY_ENVS, comma-separated; none: no key leaves this node)")
     start.add_argument("--daemon-id", default=None, help="routing id (default: host-pid-random)")
     start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
                        help="exit with code 6 after this long without a word from the coordinator, including "
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = DaemonAgent(DaemonOptions(
         coordinator=args.coordinator, workdir=args.workdir, server_cpus=args.server_cpus,
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
-        daemon_id=args.daemon_id,
+        api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost,
     ))
     agent.install_signal_handlers()

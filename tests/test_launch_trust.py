@@ -9,17 +9,21 @@ import json
 import os
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from daemon.batch import BatchContext, BatchRunner
 from daemon.cli import build_parser
 from servetune.errors import ProtocolError, SpecError
 from servetune.exitcodes import ExitCode
 from servetune.manifest import plan_grid
 from servetune.messages import Grant, GrantedTrial, Ready, Result, Shutdown, decode, encode
 from servetune.spec import parse_spec
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.test_bounds import FP
 from tests.test_daemon_agent import TTL_S, Daemon, ScriptedCoordinator
 
 SPEC = textwrap.dedent(
@@ -142,3 +146,42 @@ def _hostile_then_proper(coordinator: ScriptedCoordinator, d: Daemon, tmp_path: 
     coordinator.send(Shutdown(reason="test over"))
     assert d.wait(20) == ExitCode.OK, d.log()[-3000:]
     assert os.environ.get("SERVETUNE_VLLM_LAUNCH") is None  # the flag, not the environment, chose it here
+
+
+def _openai_grant(tmp_path: Path, url: str, key_env: str) -> Grant:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    spec = parse_spec(textwrap.dedent(f"""
+        name: keyed
+        model: {{source: path, path: "{model}", served_name: fake}}
+        backend: {{kind: openai, base_url: "{url}", api_key_env: {key_env}}}
+        load_points:
+          - {{name: one, max_concurrency: 1, num_requests: 2, input_len: 8, output_len: 4}}
+        """))
+    batch = plan_grid(spec).batches[0]
+    return Grant(batch_id="b1", epoch=1, ttl_s=TTL_S, model=spec.model, backend=spec.backend, budgets=spec.budgets,
+                 config=batch.config, trials=[GrantedTrial(trial_id=t.trial_id, attempt=1, manifest=t)
+                                              for t in batch.trials])
+
+
+@pytest.mark.timeout(60)
+def test_an_api_key_goes_only_where_the_operator_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GRANT names an environment variable and an endpoint; without ``--api-key-env`` for that
+    variable the daemon sends nothing (a hostile coordinator cannot make it post a secret anywhere)."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    monkeypatch.setenv("MY_API_KEY", "k")
+    with FakeOpenAIServer() as fake:
+        sent: list[object] = []
+        ctx = BatchContext(tmp_path / "work", FP, None, api_key_envs=frozenset({"MY_API_KEY"}))
+        BatchRunner(ctx, sent.append, threading.Event()).run(_openai_grant(tmp_path, fake.base_url,
+                                                                           "AWS_SECRET_ACCESS_KEY"))
+        results = [m for m in sent if isinstance(m, Result)]
+        assert results and all(r.outcome.failure_kind == "measurement" for r in results), results
+        assert "start the daemon with --api-key-env AWS_SECRET_ACCESS_KEY" in (results[0].outcome.error or "")
+        assert fake.requests_received == 0, "a request went out carrying a key the operator did not allow"
+        sent.clear()
+        BatchRunner(ctx, sent.append, threading.Event()).run(_openai_grant(tmp_path, fake.base_url, "MY_API_KEY"))
+        results = [m for m in sent if isinstance(m, Result)]
+        assert results and all(r.outcome.status == "ok" for r in results), results
+        assert fake.requests_received >= 2
