@@ -275,3 +275,32 @@ def test_the_sweep_is_not_emptied_by_frames_with_bad_routing_ids(fleet: Fleet) -
     assert len(attempts) == 2 and {a["status"] for a in attempts} == {"ok"}, attempts
     assert "(8 dropped so far)" in log, log[-3000:]
     assert not check_invariants(fleet)
+
+
+def test_the_router_drops_and_counts_frames_whose_routing_id_is_not_a_daemon_id() -> None:
+    """In process: RouterEndpoint.recv returns only messages from valid daemon ids; the rest are counted."""
+    from coordinator.transport import RouterEndpoint
+
+    router = RouterEndpoint("tcp://127.0.0.1:0")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    ids: list[bytes | None] = [b"\xff\xfe", b"ok\xc3", b"has space", None, b"d1"]
+    socks = [_raw_dealer(ctx, router.address, ident) for ident in ids]
+    try:
+        frame = msgs.encode(msgs.Ready(session_nonce="n", seq=1))
+        for sock in socks:
+            sock.send(frame)
+        socks[-1].send(b"not json")
+        socks[-1].send_multipart([b"a", b"b"])
+        got = []
+        for _ in range(50):
+            item = router.recv(100)
+            if item is not None:
+                got.append(item)
+            if sum(router.dropped.values()) >= 6 and got:
+                break
+        assert [daemon_id for daemon_id, _ in got] == ["d1"]
+        assert router.dropped == {"routing_id": 4, "malformed": 1, "frames": 1}, router.dropped
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        router.close()
