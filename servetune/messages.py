@@ -2,7 +2,10 @@
 
 Every message is one JSON frame (never pickled), at most :data:`MAX_MESSAGE_BYTES`
 (:mod:`servetune.wire`), validated into one of the models below by its ``type``. Unknown types,
-versions, or fields are refused.
+versions, or fields are refused, and every field is bounded (:mod:`servetune.bounds`: integers in
+SQLite's signed 64-bit range, finite floats, bounded strings and lists), on both sides: the
+coordinator decodes daemon messages and the daemon decodes coordinator messages with the same models.
+What a RESULT claims is judged after decoding (:mod:`servetune.plausibility`).
 
 Flow (protocol version 2)::
 
@@ -46,7 +49,9 @@ Rules both sides keep:
   yet answered after every WELCOME. Only the coordinator decides that an attempt failed as
   ``transport``: a RESULT claiming it is refused at validation.
 - A GRANT is work for the daemon's own configured vLLM: it carries engine args and environment,
-  never a command line to run.
+  never a command line to run (``BackendSpec`` has no such field; one named in a GRANT is refused
+  at decode) and never a secret (for the ``openai`` backend, the *name* of the node's environment
+  variable with the API key, which the daemon uses only if its operator allowed it).
 """
 
 from __future__ import annotations
