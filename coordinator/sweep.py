@@ -398,7 +398,9 @@ class SweepRunner:
     def _start_local_daemon(self, address: str, folder: Path) -> None:
         cmd = (self.opts.daemon_command or default_daemon_command()) + [
             "start", "--coordinator", address, "--workdir", str((folder / "daemon").resolve()), "--exit-with-parent",
-        ] + (["--api-key-env", self.spec.backend.api_key_env] if self.spec.backend.api_key_env else []) + self.opts.daemon_args
+        ] + self.opts.daemon_args
+        if self.spec.backend.api_key_env:  # this user's own daemon may use the spec's API-key variable
+            cmd += ["--api-key-env", self.spec.backend.api_key_env]
         logs = folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
