@@ -111,6 +111,8 @@ def _forged_under_a_real_session(mallory: Scripted, grant: msgs.Grant) -> list[b
         _frame(state, session_nonce="forged-nonce"),  # a wrong session: REJOIN
         _frame(result, epoch=t0.attempt + 1, submission_id="forged-epoch"),  # STALE
         _frame(result, epoch=2**63, submission_id="huge-epoch"),  # over SQLite's range: dropped
+        _frame(result, submission_id="huge-time",  # the current attempt, but its times are over int64: dropped
+               outcome={**json.loads(ok.model_dump_json()), "started_at_us": 2**70, "finished_at_us": 2**70 + 1}),
         _frame(result, batch_id="other-batch", submission_id="other-batch"),  # STALE
         _frame(result, trial_id="e" * 64, submission_id="not-held"),  # STALE
         _frame(result, session_nonce="forged-nonce", submission_id="wrong-nonce"),  # REJOIN, never accepted
