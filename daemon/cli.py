@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,12 +96,20 @@ def _command(text: str) -> list[str]:
     return argv
 
 
-def _env_command(name: str) -> list[str] | None:
-    text = os.environ.get(name, "").strip()
-    try:
-        return shlex.split(text) or None
-    except ValueError:
-        return [text]  # node_problems names it: the first word is not an executable
+def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> None:
+    """Fill ``--vllm-launch`` / ``--vllm-python`` from ``$SERVETUNE_VLLM_LAUNCH`` /
+    ``$SERVETUNE_VLLM_PYTHON`` when neither flag was given (a flag always wins over the environment;
+    of the two variables, the launch command wins)."""
+    if args.vllm_python is not None or args.vllm_launch is not None:
+        return
+    launch = environ.get("SERVETUNE_VLLM_LAUNCH", "").strip()
+    if launch:
+        try:
+            args.vllm_launch = shlex.split(launch) or None
+        except ValueError:
+            args.vllm_launch = [launch]  # node_problems names it: the first word is not an executable
+    if args.vllm_launch is None:
+        args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,10 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--client-cpus", type=_cpu_list, default=None,
                        help="cores for the daemon and its load generator (default: the last)")
     vllm = start.add_mutually_exclusive_group()
-    vllm.add_argument("--vllm-python", default=os.environ.get("SERVETUNE_VLLM_PYTHON") or None, metavar="PATH",
+    vllm.add_argument("--vllm-python", default=None, metavar="PATH",
                       help="interpreter that has vLLM installed: runs `PATH -m vllm.entrypoints.openai.api_server` "
                            "(default: $SERVETUNE_VLLM_PYTHON, else this interpreter)")
-    vllm.add_argument("--vllm-launch", type=_command, default=_env_command("SERVETUNE_VLLM_LAUNCH"),
+    vllm.add_argument("--vllm-launch", type=_command, default=None,
                       metavar="'COMMAND ...'",
                       help="command that starts vLLM's OpenAI API server, one shell-quoted string (split like a shell, "
                            "never run by one), e.g. 'apptainer exec vllm.sif python3 -m "
@@ -201,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate(args.out_dir))
         return ExitCode.OK
+    vllm_from_environment(args)
     problems = node_problems(args)
     if problems:
         for problem in problems:

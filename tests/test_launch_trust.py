@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from daemon.batch import BatchContext, BatchRunner
-from daemon.cli import build_parser
+from daemon.cli import build_parser, vllm_from_environment
 from servetune.errors import ProtocolError, SpecError
 from servetune.exitcodes import ExitCode
 from servetune.manifest import plan_grid
@@ -81,14 +81,21 @@ def test_a_grant_carrying_a_command_is_refused_at_decode(tmp_path: Path) -> None
     assert decode(_with_backend(grant, python=None, launch=None)) == grant
 
 
-def test_the_launch_flag_is_split_like_a_shell_and_never_run_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_launch_flag_is_split_like_a_shell_and_never_run_by_one() -> None:
     args = build_parser().parse_args(["start", "--coordinator", "tcp://h:1",
                                       "--vllm-launch", "apptainer exec 'my image.sif' python3 -m x; id"])
     assert args.vllm_launch == ["apptainer", "exec", "my image.sif", "python3", "-m", "x;", "id"]
-    monkeypatch.setenv("SERVETUNE_VLLM_LAUNCH", "srun --ntasks=1 python -m vllm.entrypoints.openai.api_server")
-    monkeypatch.setenv("SERVETUNE_VLLM_PYTHON", "/opt/vllm/bin/python")
+    env = {"SERVETUNE_VLLM_LAUNCH": "srun --ntasks=1 python -m vllm.entrypoints.openai.api_server",
+           "SERVETUNE_VLLM_PYTHON": "/opt/vllm/bin/python"}
     args = build_parser().parse_args(["start", "--coordinator", "tcp://h:1"])
-    assert args.vllm_launch[:2] == ["srun", "--ntasks=1"] and args.vllm_python == "/opt/vllm/bin/python"
+    vllm_from_environment(args, env)
+    assert args.vllm_launch[:2] == ["srun", "--ntasks=1"] and args.vllm_python is None  # the launch command wins
+    args = build_parser().parse_args(["start", "--coordinator", "tcp://h:1"])
+    vllm_from_environment(args, {"SERVETUNE_VLLM_PYTHON": "/opt/vllm/bin/python"})
+    assert args.vllm_launch is None and args.vllm_python == "/opt/vllm/bin/python"
+    args = build_parser().parse_args(["start", "--coordinator", "tcp://h:1", "--vllm-python", "/mine/python"])
+    vllm_from_environment(args, env)  # a flag wins over the environment
+    assert args.vllm_launch is None and args.vllm_python == "/mine/python"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["start", "--coordinator", "tcp://h:1", "--vllm-python", "/p", "--vllm-launch", "x"])
 
