@@ -33,7 +33,8 @@ from daemon.scrape import MetricsScraper
 from daemon.server import ServerStartError, VLLMServer, vllm_command
 from servetune.errors import ServetuneError
 from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
-from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
+from servetune.result import FailureKind, Fingerprint, RequestSample, ServerInfo, TrialOutcome
+from servetune.spec import refused_server_env, refused_server_env_text
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,11 @@ class BatchRunner:
         )
 
     def _fail_all(self, grant: Grant, trials: list[GrantedTrial], started_us: int, error: str,
-                  server: ServerInfo | None, exit_code: int | None, log_tail: str | None) -> None:
+                  server: ServerInfo | None, exit_code: int | None, log_tail: str | None,
+                  kind: FailureKind = "measurement") -> None:
         for trial in trials:
             self._result(grant, trial, TrialOutcome(
-                status="failed", failure_kind="measurement", error=error, exit_code=exit_code, log_tail=log_tail,
+                status="failed", failure_kind=kind, error=error, exit_code=exit_code, log_tail=log_tail,
                 server=server, fingerprint=self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
             ))
 
@@ -143,6 +145,11 @@ class BatchRunner:
             self._run_external(grant)
             return
         started = now_us()
+        refused = refused_server_env(grant.config.env)
+        if refused:  # never started: the GRANT asked for an environment this node does not take from a spec
+            log.error("batch %s refused: %s", grant.batch_id, refused_server_env_text(refused))
+            self._fail_all(grant, grant.trials, started, refused_server_env_text(refused), None, None, None, "config")
+            return
         try:
             model = resolve_model(grant.model)
         except ModelResolutionError as exc:

@@ -21,6 +21,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
@@ -60,6 +61,29 @@ def _env_value(value: Any) -> Any:
 
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+#: Server environment variables a spec (and so a GRANT) may set: vLLM's own and those of the
+#: libraries under it. Anything else can change how a process loads code (``LD_PRELOAD``,
+#: ``PYTHONPATH``, ``PYTHONWARNINGS`` with ``BROWSER`` runs a command, ``PATH``, ``BASH_ENV`` ...):
+#: such variables are the node operator's, set in the daemon's own environment, which vLLM inherits.
+SERVER_ENV_PREFIXES: tuple[str, ...] = (
+    "VLLM_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "KMP_", "MKL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_",
+    "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "HIP_", "ROCM_", "HSA_", "GLOO_", "UCX_", "NEURON_", "TPU_",
+    "XLA_",
+)
+
+
+def refused_server_env(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that a spec or a GRANT may not set in vLLM's environment
+    (:data:`SERVER_ENV_PREFIXES`), sorted."""
+    return sorted({n for n in names if not n.startswith(SERVER_ENV_PREFIXES)})
+
+
+def refused_server_env_text(names: Iterable[str]) -> str:
+    """Why :func:`refused_server_env` refused ``names`` (non-empty), for a person."""
+    return (f"server environment variable(s) {', '.join(names)} may not come from a spec: only vLLM's and its "
+            f"libraries' ({', '.join(p + '*' for p in SERVER_ENV_PREFIXES)}); variables that change how a process "
+            "loads code belong to the node's operator: set them in the daemon's environment (vLLM inherits it)")
 
 
 class StrictModel(BaseModel):
@@ -793,6 +817,11 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
                                 "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
                                 "into engine.grid or use planner.kind 'random'"))
+    env_names = {k for _, env in spec.engine.expand() for k in env}
+    env_names |= set(spec.baseline.engine.env) if spec.baseline is not None else set()
+    refused = refused_server_env(env_names)
+    if refused:
+        issues.append(SpecIssue("engine.env", refused_server_env_text(refused)))
     names = [lp.name for lp in spec.load_points]
     if DERIVED_MARK in spec.name:
         issues.append(SpecIssue("name", f"{DERIVED_MARK!r} is not allowed in an experiment name"))

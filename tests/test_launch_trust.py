@@ -192,3 +192,35 @@ def test_an_api_key_goes_only_where_the_operator_allowed(tmp_path: Path, monkeyp
         results = [m for m in sent if isinstance(m, Result)]
         assert results and all(r.outcome.status == "ok" for r in results), results
         assert fake.requests_received >= 2
+
+
+def test_a_spec_cannot_set_an_environment_that_loads_code(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    text = SPEC.format(model=tmp_path).replace("engine: {fixed: {max_num_seqs: 3}}",
+                                               "engine: {fixed: {max_num_seqs: 3}, env: {LD_PRELOAD: /x.so, "
+                                               "VLLM_CPU_KVCACHE_SPACE: 1}}")
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    assert "engine.env: server environment variable(s) LD_PRELOAD may not come from a spec" in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_grant_s_environment_cannot_run_a_command(tmp_path: Path) -> None:
+    """``PYTHONWARNINGS`` naming a module makes Python import it at start-up, and ``antigravity``
+    then opens ``BROWSER``: an environment alone runs a command. The daemon refuses the batch as a
+    ``config`` failure before starting anything (the stand-in for vLLM would write ``started``)."""
+    pwned, started = tmp_path / "pwned", tmp_path / "started"
+    fake_vllm = tmp_path / "fake_vllm.py"
+    fake_vllm.write_text(f"open({str(started)!r}, 'w')\nimport time\ntime.sleep(2)\n")
+    grant = _grant(tmp_path)
+    env = {"PYTHONWARNINGS": "all:0:antigravity.x:0:0", "BROWSER": f"/bin/sh -c 'touch {pwned}' #%s",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    hostile = grant.model_copy(update={"config": grant.config.model_copy(update={"env": env})})
+    sent: list[object] = []
+    ctx = BatchContext(tmp_path / "work", FP, None, vllm_launch=[sys.executable, str(fake_vllm)])
+    BatchRunner(ctx, sent.append, threading.Event()).run(hostile)
+    time.sleep(1.0)
+    assert not pwned.exists() and not started.exists(), "a GRANT's environment reached a process"
+    results = [m for m in sent if isinstance(m, Result)]
+    assert results and all(r.outcome.failure_kind == "config" for r in results), results
+    assert "BROWSER, PYTHONWARNINGS may not come from a spec" in (results[0].outcome.error or "")
