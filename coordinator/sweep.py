@@ -69,6 +69,7 @@ from servetune.manifest import (
 from servetune.messages import Grant
 from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
+from servetune.plausibility import implausible
 from servetune.result import TrialOutcome
 from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
 
@@ -414,6 +415,8 @@ class SweepRunner:
         cmd = (self.opts.daemon_command or default_daemon_command()) + [
             "start", "--coordinator", address, "--workdir", str((folder / "daemon").resolve()), "--exit-with-parent",
         ] + self.opts.daemon_args
+        if self.spec.backend.api_key_env:  # this user's own daemon may use the spec's API-key variable
+            cmd += ["--api-key-env", self.spec.backend.api_key_env]
         logs = folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -535,7 +538,10 @@ class SweepRunner:
         outcome = msg.outcome
         status, kind, error = outcome.status, outcome.failure_kind, outcome.error
         metrics: dict[str, Any] | None = None
-        if status == "ok":
+        problem = implausible(outcome)  # kept as a parse failure with its payload (record["outcome"])
+        if problem:
+            status, kind, error = "failed", "parse", f"implausible result: {problem}"
+        elif status == "ok":
             try:
                 metrics = self._metrics(outcome, manifest.load_point)
             except ValueError as exc:

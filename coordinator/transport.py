@@ -6,19 +6,21 @@ message is returned with the CURVE public key ZAP reported for its connection (`
 daemon's identity, never its routing id. A message from a key removed from the allow-list since
 its connection opened is refused (counted ``removed_key``) and dropped.
 
-Every receive has a deadline (``poll``); a frame that does not decode is logged and dropped, never raised.
+Every receive has a deadline (``poll``); a frame that does not decode, or whose routing id is not a
+daemon id, is logged, counted (:attr:`RouterEndpoint.dropped`) and dropped, never raised.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import zmq
 
 from coordinator.zap import KeyGate, ZapHandler
 from servetune.errors import ProtocolError, ServetuneError
 from servetune.keys import KeyPair, key_id
-from servetune.messages import Message, decode, encode
+from servetune.messages import ID_MAX_CHARS, Message, decode, encode, valid_id
 from servetune.wire import configure_router
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ class RouterEndpoint:
     The endpoint has its own ZeroMQ context (one ZAP handler per context)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", *, server: KeyPair, gate: KeyGate):
+        #: Frames dropped by :meth:`recv`, by why: ``routing_id`` (not a daemon id: not UTF-8, not
+        #: a wire id, or a ZeroMQ-generated one), ``malformed`` (did not decode), ``frames``.
+        self.dropped: Counter[str] = Counter()
         self.gate = gate
         self.server_key = server.public
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -61,18 +66,26 @@ class RouterEndpoint:
             return None
         frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
         if len(frames) != 2:
+            self.dropped["frames"] += 1
             log.warning("dropping message with %d frames (expected 2)", len(frames))
             return None
         ident, payload = frames[0].bytes, frames[1]
+        daemon_id = _routing_id(ident)
+        if daemon_id is None:
+            self.dropped["routing_id"] += 1
+            log.warning("dropping a message whose routing id %r is not a daemon id (%d dropped so far)",
+                        ident[:ID_MAX_CHARS], self.dropped["routing_id"])
+            return None
         key = str(payload.get("User-Id") or "")
         if self.gate.name(key) is None:
             self.gate.refuse("removed_key", f"message from key {key_id(key)} ({key}), no longer in the allow-list",
                              once_per=key)
             return None
         try:
-            return ident.decode("utf-8", "replace"), decode(payload.bytes), key
+            return daemon_id, decode(payload.bytes), key
         except ProtocolError as exc:
-            log.warning("dropping malformed message from %r: %s", ident, exc)
+            self.dropped["malformed"] += 1
+            log.warning("dropping malformed message from %s: %s", daemon_id, exc)
             return None
 
     def send(self, daemon_id: str, msg: object) -> bool:
@@ -89,3 +102,15 @@ class RouterEndpoint:
         self._sock.close(linger=0)
         self._zap.stop()
         self._ctx.term()
+
+
+def _routing_id(ident: bytes) -> str | None:
+    """The daemon id a routing id names, or None when it is not one: a daemon sets its routing id
+    to its id (UTF-8 text that :func:`~servetune.messages.valid_id` accepts); a peer that set none
+    gets a ZeroMQ-generated binary one, and a non-UTF-8 one must never be "replaced" into text that
+    collides with another daemon's."""
+    try:
+        text = ident.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if valid_id(text) else None

@@ -90,6 +90,8 @@ class DaemonOptions:
     server_cpus: list[int] | None = None
     client_cpus: list[int] | None = None
     vllm_python: str | None = None
+    vllm_launch: list[str] | None = None
+    api_key_envs: tuple[str, ...] = ()
     daemon_id: str | None = None
     coordinator_lost_s: float = 300.0
 
@@ -214,7 +216,8 @@ class DaemonAgent:
         log.info("daemon %s on %s; vLLM cores %s, daemon cores %s", self.daemon_id, fingerprint.hardware_class,
                  server_cpus, client_cpus)
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
-                           vllm_python=self.opts.vllm_python)
+                           vllm_python=self.opts.vllm_python, vllm_launch=self.opts.vllm_launch,
+                           api_key_envs=frozenset(self.opts.api_key_envs))
         runner = self._runner_factory(ctx, self._outbox.put, self.stop)
         self._worker = BatchWorker(runner, self._outbox)
         self._worker.start()

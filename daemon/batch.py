@@ -31,10 +31,11 @@ from daemon.endpoint import Endpoint, ServerRequestError
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
 from daemon.scrape import MetricsScraper
-from daemon.server import ServerStartError, VLLMServer
+from daemon.server import ServerStartError, VLLMServer, vllm_command
 from servetune.errors import ServetuneError
 from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
-from servetune.result import Fingerprint, RequestSample, ServerInfo, TrialOutcome
+from servetune.result import FailureKind, Fingerprint, RequestSample, ServerInfo, TrialOutcome
+from servetune.spec import refused_server_env, refused_server_env_text
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,15 @@ class BatchContext:
     workdir: Path
     fingerprint: Fingerprint
     server_cpus: list[int] | None
+    #: How this node starts vLLM, as its operator set it (``daemon start --vllm-python`` /
+    #: ``--vllm-launch``); a GRANT never says.
     vllm_python: str | None = None
     #: where finished attempts' artifacts are kept for upload (:mod:`daemon.artifact_spool`); None: not kept
     spool: ArtifactSpool | None = None
+    vllm_launch: list[str] | None = None
+    #: Environment variables a GRANT's ``backend.api_key_env`` may name (``daemon start
+    #: --api-key-env``): a key is sent only to the endpoint of a variable the operator allowed.
+    api_key_envs: frozenset[str] = frozenset()
 
 
 class BatchRunner:
@@ -117,10 +124,11 @@ class BatchRunner:
         )
 
     def _fail_all(self, grant: Grant, trials: list[GrantedTrial], started_us: int, error: str,
-                  server: ServerInfo | None, exit_code: int | None, log_tail: str | None) -> None:
+                  server: ServerInfo | None, exit_code: int | None, log_tail: str | None,
+                  kind: FailureKind = "measurement") -> None:
         for trial in trials:
             self._result(grant, trial, TrialOutcome(
-                status="failed", failure_kind="measurement", error=error, exit_code=exit_code, log_tail=log_tail,
+                status="failed", failure_kind=kind, error=error, exit_code=exit_code, log_tail=log_tail,
                 server=server, fingerprint=self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
             ))
             self._keep_artifacts(trial, server)
@@ -141,9 +149,11 @@ class BatchRunner:
             self._run_external(grant)
             return
         started = now_us()
-        backend = grant.backend
-        if self.ctx.vllm_python and not backend.python and not backend.launch:
-            backend = backend.model_copy(update={"python": self.ctx.vllm_python})
+        refused = refused_server_env(grant.config.env)
+        if refused:  # never started: the GRANT asked for an environment this node does not take from a spec
+            log.error("batch %s refused: %s", grant.batch_id, refused_server_env_text(refused))
+            self._fail_all(grant, grant.trials, started, refused_server_env_text(refused), None, None, None, "config")
+            return
         try:
             model = resolve_model(grant.model)
         except ModelResolutionError as exc:
@@ -154,7 +164,7 @@ class BatchRunner:
             model=model.model_arg,
             served_name=grant.model.served_name,
             config=grant.config,
-            backend=backend,
+            command=vllm_command(self.ctx.vllm_python, self.ctx.vllm_launch),
             log_path=logs / f"server-{grant.batch_id}-epoch{grant.epoch}-{uuid.uuid4().hex[:6]}.log",
             load_format=model.load_format,
             server_cpus=self.ctx.server_cpus,
@@ -198,6 +208,12 @@ class BatchRunner:
         backend = grant.backend
         assert backend.base_url is not None
         api_key = None
+        if backend.api_key_env and backend.api_key_env not in self.ctx.api_key_envs:
+            self._fail_all(grant, grant.trials, started,
+                           f"backend.api_key_env {backend.api_key_env} is not a variable this node lets a coordinator "
+                           f"use as an API key: start the daemon with --api-key-env {backend.api_key_env}",
+                           None, None, None)
+            return
         if backend.api_key_env:
             api_key = os.environ.get(backend.api_key_env)
             if not api_key:

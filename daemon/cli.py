@@ -13,7 +13,8 @@ Exit codes of ``daemon start`` (the table of :mod:`servetune.exitcodes`):
 1     ERROR               an error servetune did not expect (the log says which)
 2     USAGE               bad flags (argparse prints the usage)
 5     DAEMON_CONFIG       this node's configuration is unusable: ``--vllm-python`` is not an
-                          executable file, ``--workdir`` cannot be created or written,
+                          executable file, ``--vllm-launch`` names no executable,
+                          ``--workdir`` cannot be created or written,
                           ``--daemon-id`` is not a wire id, a CPU list names cores this process
                           may not use, no daemon keys or coordinator key (or a malformed one);
                           the message names the flag or file and its value
@@ -30,11 +31,14 @@ import ctypes
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,6 +101,32 @@ def _endpoint(text: str) -> str:
     return text
 
 
+def _command(text: str) -> list[str]:
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a command: {text!r} ({exc})") from None
+    if not argv:
+        raise argparse.ArgumentTypeError("empty command")
+    return argv
+
+
+def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> None:
+    """Fill ``--vllm-launch`` / ``--vllm-python`` from ``$SERVETUNE_VLLM_LAUNCH`` /
+    ``$SERVETUNE_VLLM_PYTHON`` when neither flag was given (a flag always wins over the environment;
+    of the two variables, the launch command wins)."""
+    if args.vllm_python is not None or args.vllm_launch is not None:
+        return
+    launch = environ.get("SERVETUNE_VLLM_LAUNCH", "").strip()
+    if launch:
+        try:
+            args.vllm_launch = shlex.split(launch) or None
+        except ValueError:
+            args.vllm_launch = [launch]  # node_problems names it: the first word is not an executable
+    if args.vllm_launch is None:
+        args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daemon", description="servetune daemon: runs leased vLLM trials on this node")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -116,8 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--server-cpus", type=_cpu_list, default=None, help="cores for vLLM (default: all but the last)")
     start.add_argument("--client-cpus", type=_cpu_list, default=None,
                        help="cores for the daemon and its load generator (default: the last)")
-    start.add_argument("--vllm-python", default=None,
-                       help="interpreter that has vLLM installed (default: this one); a spec's backend.python wins")
+    vllm = start.add_mutually_exclusive_group()
+    vllm.add_argument("--vllm-python", default=None, metavar="PATH",
+                      help="interpreter that has vLLM installed: runs `PATH -m vllm.entrypoints.openai.api_server` "
+                           "(default: $SERVETUNE_VLLM_PYTHON, else this interpreter)")
+    vllm.add_argument("--vllm-launch", type=_command, default=None,
+                      metavar="'COMMAND ...'",
+                      help="command that starts vLLM's OpenAI API server, one shell-quoted string (split like a shell, "
+                           "never run by one), e.g. 'apptainer exec vllm.sif python3 -m "
+                           "vllm.entrypoints.openai.api_server'; engine flags are appended (default: "
+                           "$SERVETUNE_VLLM_LAUNCH). Only this node's flags choose what runs: a coordinator cannot")
+    start.add_argument("--api-key-env", action="append", metavar="NAME", dest="api_key_envs",
+                       default=[n for n in os.environ.get("SERVETUNE_API_KEY_ENVS", "").split(",") if n.strip()],
+                       help="an environment variable of this node that a spec's backend.api_key_env may name: its "
+                            "value is sent as the API key to the spec's base_url (repeatable; default: "
+                            "$SERVETUNE_API_KEY_ENVS, comma-separated; none: no key leaves this node)")
     start.add_argument("--daemon-id", default=None, help="routing id (default: host-pid-random)")
     start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
                        help="exit with code 6 after this long without a word from the coordinator, including "
@@ -156,6 +199,9 @@ def node_problems(args: argparse.Namespace) -> list[str]:
         path = Path(args.vllm_python)
         if not path.is_file() or not os.access(path, os.X_OK):
             problems.append(f"--vllm-python {args.vllm_python}: not an executable file")
+    if args.vllm_launch is not None and shutil.which(args.vllm_launch[0]) is None:
+        problems.append(f"--vllm-launch {shlex.join(args.vllm_launch)!r}: {args.vllm_launch[0]!r} is not an executable "
+                        "on this node's PATH")
     if args.daemon_id is not None:
         try:
             TypeAdapter(Id).validate_python(args.daemon_id)
@@ -204,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     if args.command == "keys":
         return keys_cmd.run(args)
+    vllm_from_environment(args)
     problems = node_problems(args)
     keys = node_keys(args, problems)
     if problems:
@@ -217,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = DaemonAgent(DaemonOptions(
         coordinator=args.coordinator, workdir=args.workdir, keys=keys[0], coordinator_key=keys[1],
         server_cpus=args.server_cpus,
-        client_cpus=args.client_cpus, vllm_python=args.vllm_python, daemon_id=args.daemon_id,
+        client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
+        api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost,
     ))
     agent.install_signal_handlers()

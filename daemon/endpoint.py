@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import time
 from collections.abc import Collection
 from urllib.parse import urlsplit
@@ -132,7 +133,7 @@ class Endpoint:
         samples = self.scrape_samples(timeout_s)
         out = select_all(samples, COUNTER_METRICS)
         ok = promtext.select(samples, "vllm:request_success_total", {"finished_reason": OK_FINISH_REASONS})
-        if ok is not None:
+        if ok is not None and math.isfinite(ok):
             out["request_success_ok"] = ok
         return out
 
@@ -200,10 +201,11 @@ class Endpoint:
 
 
 def select_all(samples: list[promtext.Sample], names: dict[str, str]) -> dict[str, float]:
-    """``{key: value}`` for each ``key -> metric name`` that the samples have (absent ones left out)."""
+    """``{key: value}`` for each ``key -> metric name`` that the samples have (absent ones left out,
+    and so are NaN and infinite readings: a result carries finite numbers only)."""
     out: dict[str, float] = {}
     for key, name in names.items():
         value = promtext.select(samples, name)
-        if value is not None:
+        if value is not None and math.isfinite(value):
             out[key] = value
     return out

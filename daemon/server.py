@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -48,7 +49,6 @@ from daemon.serverlog import classify_failure, parse_kv_cache
 from servetune.errors import ServetuneError
 from servetune.manifest import EngineConfig
 from servetune.result import ServerInfo
-from servetune.spec import BackendSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,16 @@ _TAIL_READ_BYTES = 256 * 1024
 _HEAD_READ_BYTES = 4 * 1024 * 1024
 _HEALTH_REQUEST_TIMEOUT_S = 2.0
 _HEALTH_POLL_S = 0.5
+
+def vllm_command(python: str | None = None, launch: Sequence[str] | None = None) -> list[str]:
+    """The command prefix that starts vLLM's OpenAI API server on this node, as its operator set it:
+    ``launch`` (``daemon start --vllm-launch``, e.g. ``apptainer exec vllm.sif python3 -m
+    vllm.entrypoints.openai.api_server``) wins, else ``python -m`` :data:`API_SERVER_MODULE` with
+    ``python`` (``--vllm-python``) or this interpreter. Engine flags are appended to it."""
+    if launch:
+        return list(launch)
+    return [python or sys.executable, "-m", API_SERVER_MODULE]
+
 
 class ServerStartError(ServetuneError):
     """A vLLM server exited or was not ready before its deadline.
@@ -120,7 +130,9 @@ class VLLMServer(Endpoint):
         model: what ``--model`` gets: a local folder or a hub id.
         served_name: ``--served-model-name``, the name clients put in requests.
         config: engine args (become flags) and server environment (overrides everything else).
-        backend: which interpreter or launch prefix runs vLLM.
+        command: what starts the API server, before its flags: this node's operator's choice
+            (:func:`vllm_command` of ``daemon start --vllm-python`` / ``--vllm-launch``), never
+            something a GRANT said; ``None``: this interpreter, ``-m`` :data:`API_SERVER_MODULE`.
         log_path: the server's stdout and stderr are appended here (parents created).
         load_format: ``--load-format`` (``dummy`` for random weights), or ``None`` for vLLM's default.
         server_cpus: cores to pin the server to (also its OpenMP binding); ``None``: no pinning,
@@ -139,17 +151,17 @@ class VLLMServer(Endpoint):
         model: str,
         served_name: str,
         config: EngineConfig,
-        backend: BackendSpec,
         log_path: Path,
         load_format: str | None,
         server_cpus: list[int] | None,
+        command: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         access_log: bool = False,
     ) -> None:
         self.model = model
         self.served_name = served_name
         self.config = config
-        self.backend = backend
+        self.command = list(command) if command else vllm_command()
         self.log_path = Path(log_path)
         self.load_format = load_format
         self.host = host
@@ -186,10 +198,7 @@ class VLLMServer(Endpoint):
         return ordered
 
     def _build_argv(self) -> list[str]:
-        if self.backend.launch:
-            argv = list(self.backend.launch)
-        else:
-            argv = [self.backend.python or sys.executable, "-m", API_SERVER_MODULE]
+        argv = list(self.command)
         argv += ["--model", self.model, "--served-model-name", self.served_name]
         argv += ["--host", self.host, "--port", str(self.port)]
         if self.load_format is not None:

@@ -40,3 +40,18 @@ def _drop(node: Any, keys: list[str], default: Any) -> None:
         _drop(node[head], rest, default)
     elif node[head] == default:
         del node[head]
+
+
+def restore_removed_fields(data: dict[str, Any], removed: dict[str, Any]) -> dict[str, Any]:
+    """Set in ``data`` (in place; returned) each dotted path of ``removed`` to the value given there:
+    a field taken out of a hashed record after ids were first made is put back with the value every
+    record that can still be read held, so their ids do not change. Paths whose parent is missing
+    are skipped."""
+    for path, value in removed.items():
+        *parents, last = path.split(".")
+        node: Any = data
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node[last] = value
+    return data

@@ -2,7 +2,10 @@
 
 Every message is one JSON frame (never pickled), at most :data:`MAX_MESSAGE_BYTES`
 (:mod:`servetune.wire`), validated into one of the models below by its ``type``. Unknown types,
-versions, or fields are refused.
+versions, or fields are refused, and every field is bounded (:mod:`servetune.bounds`: integers in
+SQLite's signed 64-bit range, finite floats, bounded strings and lists), on both sides: the
+coordinator decodes daemon messages and the daemon decodes coordinator messages with the same models.
+What a RESULT claims is judged after decoding (:mod:`servetune.plausibility`).
 
 Flow (protocol version 2)::
 
@@ -46,7 +49,9 @@ Rules both sides keep:
   yet answered after every WELCOME. Only the coordinator decides that an attempt failed as
   ``transport``: a RESULT claiming it is refused at validation.
 - A GRANT is work for the daemon's own configured vLLM: it carries engine args and environment,
-  never a command line to run.
+  never a command line to run (``BackendSpec`` has no such field; one named in a GRANT is refused
+  at decode) and never a secret (for the ``openai`` backend, the *name* of the node's environment
+  variable with the API key, which the daemon uses only if its operator allowed it).
 """
 
 from __future__ import annotations
@@ -55,6 +60,18 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from servetune.bounds import (
+    ID_MAX_CHARS,
+    MAX_LEASES,
+    WIRE_CONFIG,
+    Count,
+    Epoch,
+    Id,
+    Label,
+    LongText,
+    PosFinite,
+    Text,
+)
 from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
 from servetune.result import Fingerprint, TrialOutcome
@@ -62,7 +79,8 @@ from servetune.spec import BackendSpec, Budgets, ModelSpec
 from servetune.wire import MAX_MESSAGE_BYTES
 
 PROTOCOL_VERSION = 2
-__all__ = ["MAX_MESSAGE_BYTES", "PROTOCOL_VERSION"]  # MAX_MESSAGE_BYTES re-exported from servetune.wire
+#: Re-exported: MAX_MESSAGE_BYTES from servetune.wire; the bounded types from servetune.bounds.
+__all__ = ["ID_MAX_CHARS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSION", "Id", "Text", "valid_id"]
 
 Phase = Literal[
     "server_starting", "server_ready", "server_failed", "warmup", "measuring", "draining", "done", "failed"
@@ -70,43 +88,52 @@ Phase = Literal[
 
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every field bounded (:mod:`servetune.bounds`): SQLite-range integers, finite floats, bounded
+    strings and lists; unknown fields refused."""
+
+    model_config = ConfigDict(**WIRE_CONFIG, frozen=True)
 
 
-#: Ids on the wire (daemon ids, session nonces, trial ids, submission ids) are short printable text.
-Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@+-]+$")]
-#: Free text on the wire (reasons, details, errors) is bounded.
-Text = Annotated[str, Field(max_length=64 * 1024)]
+_ID_ADAPTER: TypeAdapter[str] = TypeAdapter(Id)
+
+
+def valid_id(value: str) -> bool:
+    """True when ``value`` is a wire id (a daemon's routing id must be one)."""
+    try:
+        _ID_ADAPTER.validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 class Capabilities(_Msg):
     fingerprint: Fingerprint
     slots: int = Field(1, ge=1, le=1024)
-    backends: list[str] = Field(default_factory=lambda: ["vllm"], max_length=16)
+    backends: list[Label] = Field(default_factory=lambda: ["vllm"], max_length=16)
 
 
 class LeaseRef(_Msg):
     """One trial's lease: the trial and the epoch (attempt number) it was granted with."""
 
     trial_id: Id
-    epoch: int = Field(ge=1)
+    epoch: Epoch
 
 
 class Hello(_Msg):
     type: Literal["HELLO"] = "HELLO"
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: Count = PROTOCOL_VERSION
     daemon_id: Id
     session_nonce: Id
-    pid: int
+    pid: Count
     capabilities: Capabilities
-    seq: int = Field(0, ge=0, description="echoed by the RENEWED/REVOKED that answer `held`")
-    held: list[LeaseRef] = Field(default_factory=list, max_length=100_000,
+    seq: Count = Field(0, description="echoed by the RENEWED/REVOKED that answer `held`")
+    held: list[LeaseRef] = Field(default_factory=list, max_length=MAX_LEASES,
                                  description="leases this process still holds (after a reconnect)")
 
 
 class Welcome(_Msg):
     type: Literal["WELCOME"] = "WELCOME"
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: Count = PROTOCOL_VERSION
     session_nonce: Id
     coordinator_id: Id
     heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
@@ -124,16 +151,16 @@ class Rejoin(_Msg):
 class Ready(_Msg):
     type: Literal["READY"] = "READY"
     session_nonce: Id
-    seq: int = Field(0, ge=0, description="echoed by the GRANT that answers it")
-    answered_seq: int = Field(0, ge=0, description="the seq of the last READY of this session a GRANT answered")
+    seq: Count = Field(0, description="echoed by the GRANT that answers it")
+    answered_seq: Count = Field(0, description="the seq of the last READY of this session a GRANT answered")
     free_slots: int = Field(1, ge=0, le=1024)
-    held: list[LeaseRef] = Field(default_factory=list, max_length=100_000,
+    held: list[LeaseRef] = Field(default_factory=list, max_length=MAX_LEASES,
                                  description="leases still held (results not yet answered)")
 
 
 class GrantedTrial(_Msg):
     trial_id: Id
-    attempt: int = Field(ge=1)
+    attempt: Epoch
     manifest: TrialManifest
 
 
@@ -142,14 +169,14 @@ class Grant(_Msg):
 
     type: Literal["GRANT"] = "GRANT"
     batch_id: Id
-    epoch: int = Field(ge=1, description="the highest attempt number among the trials (each trial carries its own)")
-    ttl_s: float = Field(gt=0, description="lease TTL: valid from when the READY that asked for it was sent")
-    seq: int = Field(0, ge=0, description="the seq of the READY this GRANT answers")
+    epoch: Epoch = Field(description="the highest attempt number among the trials (each trial carries its own)")
+    ttl_s: PosFinite = Field(le=86_400, description="lease TTL: valid from when the READY that asked for it was sent")
+    seq: Count = Field(0, description="the seq of the READY this GRANT answers")
     model: ModelSpec = Field(description="where to load the model from (not part of trial identity)")
     backend: BackendSpec
     budgets: Budgets
     config: EngineConfig
-    trials: list[GrantedTrial] = Field(min_length=1, max_length=100_000)
+    trials: list[GrantedTrial] = Field(min_length=1, max_length=MAX_LEASES)
 
 
 class NoWork(_Msg):
@@ -167,7 +194,7 @@ class State(_Msg):
     session_nonce: Id
     batch_id: Id
     trial_id: Id | None = None
-    epoch: int = Field(ge=1)
+    epoch: Epoch
     phase: Phase
     detail: Text = ""
 
@@ -177,7 +204,7 @@ class Result(_Msg):
     session_nonce: Id
     batch_id: Id
     trial_id: Id
-    epoch: int = Field(ge=1)
+    epoch: Epoch
     submission_id: Id
     outcome: TrialOutcome
 
@@ -195,9 +222,9 @@ class BatchError(_Msg):
     type: Literal["BATCH_ERROR"] = "BATCH_ERROR"
     session_nonce: Id
     batch_id: Id
-    epoch: int = Field(ge=1)
-    error: Text
-    traceback_tail: Text = ""
+    epoch: Epoch
+    error: LongText
+    traceback_tail: LongText = ""
 
 
 class Ack(_Msg):
@@ -223,21 +250,21 @@ class Conflict(_Msg):
 class Heartbeat(_Msg):
     type: Literal["HEARTBEAT"] = "HEARTBEAT"
     session_nonce: Id
-    seq: int = Field(ge=0)
-    leases: list[LeaseRef] = Field(default_factory=list, max_length=100_000)
+    seq: Count
+    leases: list[LeaseRef] = Field(default_factory=list, max_length=MAX_LEASES)
 
 
 class Renewed(_Msg):
     type: Literal["RENEWED"] = "RENEWED"
-    seq: int = Field(ge=0)
-    leases: list[LeaseRef]
-    ttl_s: float = Field(gt=0)
+    seq: Count
+    leases: list[LeaseRef] = Field(max_length=MAX_LEASES)
+    ttl_s: PosFinite = Field(le=86_400)
 
 
 class Revoked(_Msg):
     type: Literal["REVOKED"] = "REVOKED"
-    seq: int = Field(ge=0)
-    leases: list[LeaseRef]
+    seq: Count
+    leases: list[LeaseRef] = Field(max_length=MAX_LEASES)
     reason: Text
 
 

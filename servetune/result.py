@@ -13,58 +13,77 @@ and keeps both. Failure kinds are never blurred:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from servetune.bounds import (
+    MAX_ARGV,
+    MAX_GPUS,
+    MAX_METRICS,
+    MAX_SAMPLES,
+    MAX_SERIES_POINTS,
+    MAX_TOKENS_PER_SAMPLE,
+    WIRE_CONFIG,
+    Count,
+    Finite,
+    Int64,
+    Label,
+    LongText,
+    Text,
+)
 
 Status = Literal["ok", "failed"]
 FailureKind = Literal["transport", "measurement", "config", "parse"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields refused; every field bounded (:mod:`servetune.bounds`): these travel in RESULTs."""
+
+    model_config = WIRE_CONFIG
 
 
 class GPUInfo(_Model):
-    index: int
-    name: str
-    memory_mib: int | None = None
-    driver: str | None = None
-    compute_capability: str | None = None
+    index: Count
+    name: Label
+    memory_mib: Count | None = None
+    driver: Label | None = None
+    compute_capability: Label | None = None
 
 
 class Fingerprint(_Model):
     """Hardware and software of the node that ran a trial, read for real on that node."""
 
-    hostname: str
-    cpu_model: str
-    cpu_count: int
-    cpu_isa: str = Field(description="best vector ISA: AVX512, AVX2, AVX, NEON or none")
-    ram_gib: float
-    gpus: list[GPUInfo] = Field(default_factory=list)
-    os: str
-    kernel: str
-    python: str
-    vllm_version: str | None = None
-    torch_version: str | None = None
-    transformers_version: str | None = None
-    servetune_version: str
-    hardware_class: str
+    hostname: Label
+    cpu_model: Label
+    cpu_count: Count
+    cpu_isa: Label = Field(description="best vector ISA: AVX512, AVX2, AVX, NEON or none")
+    ram_gib: Finite
+    gpus: list[GPUInfo] = Field(default_factory=list, max_length=MAX_GPUS)
+    os: Label
+    kernel: Label
+    python: Label
+    vllm_version: Label | None = None
+    torch_version: Label | None = None
+    transformers_version: Label | None = None
+    servetune_version: Label
+    hardware_class: Label
 
 
 class RequestSample(_Model):
     """One request as the client saw it. Times are monotonic nanoseconds on the daemon's clock."""
 
-    index: int
+    index: Int64
     warmup: bool = False
-    scheduled_ns: int
-    send_ns: int
-    first_token_ns: int | None = None
-    end_ns: int
-    token_ns: list[int] = Field(default_factory=list, description="arrival of every streamed chunk")
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    error: str | None = Field(
+    scheduled_ns: Int64
+    send_ns: Int64
+    first_token_ns: Int64 | None = None
+    end_ns: Int64
+    token_ns: list[Int64] = Field(default_factory=list, max_length=MAX_TOKENS_PER_SAMPLE,
+                                  description="arrival of every streamed chunk")
+    prompt_tokens: Int64 | None = None
+    output_tokens: Int64 | None = None
+    error: Text | None = Field(
         None,
         description="error class and short message; None when ok. 'cancelled...' when the load generator "
         "ended it itself (end of window, early stop, deadline): not a server error",
@@ -74,16 +93,16 @@ class RequestSample(_Model):
 class ServerInfo(_Model):
     """Facts about the vLLM server that served a batch."""
 
-    argv: list[str]
-    pid: int | None = None
-    pgid: int | None = None
-    port: int | None = None
-    startup_s: float | None = None
-    kv_cache_tokens: int | None = None
-    reported_max_concurrency: float | None = None
-    log_path: str | None = None
-    exit_code: int | None = None
-    cpus: list[int] = Field(default_factory=list, description="cores the server was pinned to")
+    argv: list[Text] = Field(max_length=MAX_ARGV)
+    pid: Count | None = None
+    pgid: Count | None = None
+    port: Count | None = None
+    startup_s: Finite | None = None
+    kv_cache_tokens: Int64 | None = None
+    reported_max_concurrency: Finite | None = None
+    log_path: Text | None = None
+    exit_code: Int64 | None = None
+    cpus: list[Count] = Field(default_factory=list, max_length=MAX_ARGV, description="cores the server was pinned to")
 
 
 class TrialOutcome(_Model):
@@ -91,23 +110,24 @@ class TrialOutcome(_Model):
 
     status: Status
     failure_kind: FailureKind | None = None
-    error: str | None = None
-    exit_code: int | None = None
-    log_tail: str | None = None
-    samples: list[RequestSample] = Field(default_factory=list)
-    window_s: float | None = Field(None, description="length of the measurement window (warm-up excluded)")
-    offered_rate: float | None = None
-    stopped_early: str | None = None
+    error: LongText | None = None
+    exit_code: Int64 | None = None
+    log_tail: LongText | None = None
+    samples: list[RequestSample] = Field(default_factory=list, max_length=MAX_SAMPLES)
+    window_s: Finite | None = Field(None, description="length of the measurement window (warm-up excluded)")
+    offered_rate: Finite | None = None
+    stopped_early: Text | None = None
     server: ServerInfo | None = None
-    server_counters: dict[str, float] = Field(
-        default_factory=dict, description="deltas of vLLM /metrics counters over the measurement window"
+    server_counters: dict[Label, Finite] = Field(
+        default_factory=dict, max_length=MAX_METRICS,
+        description="deltas of vLLM /metrics counters over the measurement window",
     )
-    server_series: list[dict[str, float]] = Field(
-        default_factory=list,
+    server_series: list[Annotated[dict[Label, Finite], Field(max_length=MAX_METRICS)]] = Field(
+        default_factory=list, max_length=MAX_SERIES_POINTS,
         description="the server's /metrics read about every 0.5 s from the start of the measurement until the "
         "server drained: each point has t_ns (monotonic ns on the daemon's clock, as the samples) and the gauges "
         "and cumulative counters read (daemon.scrape); empty when the server has no /metrics",
     )
     fingerprint: Fingerprint | None = None
-    started_at_us: int
-    finished_at_us: int
+    started_at_us: Int64
+    finished_at_us: Int64

@@ -21,6 +21,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
@@ -60,6 +61,29 @@ def _env_value(value: Any) -> Any:
 
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+#: Server environment variables a spec (and so a GRANT) may set: vLLM's own and those of the
+#: libraries under it. Anything else can change how a process loads code (``LD_PRELOAD``,
+#: ``PYTHONPATH``, ``PYTHONWARNINGS`` with ``BROWSER`` runs a command, ``PATH``, ``BASH_ENV`` ...):
+#: such variables are the node operator's, set in the daemon's own environment, which vLLM inherits.
+SERVER_ENV_PREFIXES: tuple[str, ...] = (
+    "VLLM_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "KMP_", "MKL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_",
+    "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "HIP_", "ROCM_", "HSA_", "GLOO_", "UCX_", "NEURON_", "TPU_",
+    "XLA_",
+)
+
+
+def refused_server_env(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that a spec or a GRANT may not set in vLLM's environment
+    (:data:`SERVER_ENV_PREFIXES`), sorted."""
+    return sorted({n for n in names if not n.startswith(SERVER_ENV_PREFIXES)})
+
+
+def refused_server_env_text(names: Iterable[str]) -> str:
+    """Why :func:`refused_server_env` refused ``names`` (non-empty), for a person."""
+    return (f"server environment variable(s) {', '.join(names)} may not come from a spec: only vLLM's and its "
+            f"libraries' ({', '.join(p + '*' for p in SERVER_ENV_PREFIXES)}); variables that change how a process "
+            "loads code belong to the node's operator: set them in the daemon's environment (vLLM inherits it)")
 
 
 class StrictModel(BaseModel):
@@ -475,26 +499,46 @@ class Budgets(StrictModel):
     drain_timeout_s: float = Field(60, gt=0, le=3600)
 
 
+#: Keys that left the spec, with where they went. A spec that still sets one is refused with this
+#: text; a stored spec holding its old default (null) still loads (resume), and the spec hash
+#: counts it as null (:data:`REMOVED_SPEC_FIELDS`), so every recorded hash stays valid.
+MOVED_BACKEND_KEYS: dict[str, str] = {
+    "python": "the daemon's own flag `daemon start --vllm-python PATH` (or $SERVETUNE_VLLM_PYTHON) on each node",
+    "launch": "the daemon's own flag `daemon start --vllm-launch 'COMMAND ...'` (or $SERVETUNE_VLLM_LAUNCH) on "
+              "each node",
+}
+
+
 class BackendSpec(StrictModel):
     """What is measured.
 
-    ``vllm``: the daemon starts vLLM for each engine config (``python``/``launch`` let a node keep
-    vLLM in its own environment or image). ``openai``: an OpenAI-compatible endpoint the user
-    already runs (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending
-    ``model.served_name`` as the model and the API key found in the node's environment variable
-    ``api_key_env``; servetune starts nothing, so the engine search space must be empty.
+    ``vllm``: the daemon starts vLLM for each engine config, with the interpreter or launch command
+    its own operator configured (``daemon start --vllm-python`` / ``--vllm-launch``): a spec, and
+    so a GRANT, carries no command. ``openai``: an OpenAI-compatible endpoint the user already runs
+    (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending ``model.served_name`` as the
+    model and the API key found in the node's environment variable ``api_key_env`` (the value
+    never leaves the node); servetune starts nothing, so the engine search space must be empty.
     """
 
     kind: Literal["vllm", "openai"] = "vllm"
-    python: str | None = Field(None, description="interpreter with vLLM; default: the daemon's own")
-    launch: list[str] | None = Field(
-        None, min_length=1, description="command prefix replacing `PYTHON -m vllm.entrypoints.openai.api_server`"
-    )
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")] | None = Field(
         None, description="openai: the endpoint's base URL, e.g. http://10.0.0.7:8000 (without /v1)"
     )
     api_key_env: EnvName | None = Field(None, description="openai: environment variable holding the API key")
     scrape_metrics: bool = Field(False, description="openai: also read <base_url>/metrics (a vLLM server)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, where in MOVED_BACKEND_KEYS.items():
+            if key in data:
+                if data[key] is not None:
+                    raise ValueError(f"backend.{key} is no longer a spec key: a coordinator never tells a daemon what "
+                                     f"to run; it moved to {where}. Remove backend.{key} from the spec")
+                data = {k: v for k, v in data.items() if k != key}  # a stored spec's old default
+        return data
 
     @model_validator(mode="after")
     def _kind_fields(self) -> BackendSpec:
@@ -507,8 +551,6 @@ class BackendSpec(StrictModel):
                 raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535") from None
             if port == 0:
                 raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535")
-            if self.python or self.launch:
-                raise ValueError("backend.python and backend.launch only apply to backend.kind 'vllm'")
         elif self.base_url or self.api_key_env or self.scrape_metrics:
             raise ValueError("backend.base_url, api_key_env and scrape_metrics only apply to backend.kind 'openai'")
         return self
@@ -564,14 +606,18 @@ class ExperimentSpec(StrictModel):
         Fields added later (:data:`ADDED_SPEC_FIELDS`) are left out while they hold their default, so
         a spec written before they existed keeps its hash.
         """
-        from servetune.canonical import drop_added_defaults, sha256_json
+        from servetune.canonical import drop_added_defaults, restore_removed_fields, sha256_json
 
-        return sha256_json(drop_added_defaults(self.model_dump(mode="json"), ADDED_SPEC_FIELDS))
+        data = restore_removed_fields(self.model_dump(mode="json"), REMOVED_SPEC_FIELDS)
+        return sha256_json(drop_added_defaults(data, ADDED_SPEC_FIELDS))
 
 
 #: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None}
+#: Spec fields removed since, with the value every spec that can still load held (their old
+#: default): put back before hashing, so a spec's hash is the one recorded before they went.
+REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
 
 
 # --------------------------------------------------------------------------- loading & checks
@@ -771,6 +817,11 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
                                 "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
                                 "into engine.grid or use planner.kind 'random'"))
+    env_names = {k for _, env in spec.engine.expand() for k in env}
+    env_names |= set(spec.baseline.engine.env) if spec.baseline is not None else set()
+    refused = refused_server_env(env_names)
+    if refused:
+        issues.append(SpecIssue("engine.env", refused_server_env_text(refused)))
     names = [lp.name for lp in spec.load_points]
     if DERIVED_MARK in spec.name:
         issues.append(SpecIssue("name", f"{DERIVED_MARK!r} is not allowed in an experiment name"))

@@ -194,7 +194,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     Teardown is itself a test of ``VLLMServer.stop``: every process of the group must be gone."""
     from daemon.tiny_model import generate
     from servetune.manifest import EngineConfig
-    from servetune.spec import BackendSpec, EngineArgs
+    from servetune.spec import EngineArgs
 
     root = tmp_path_factory.mktemp("vllm-server")
     cpus = sorted(os.sched_getaffinity(0))
@@ -202,7 +202,6 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         model=str(generate(root / "tiny")),
         served_name="tiny",
         config=EngineConfig(args=EngineArgs(max_model_len=512, max_num_seqs=4)),
-        backend=BackendSpec(),
         log_path=root / "vllm.log",
         load_format="dummy",
         server_cpus=cpus[:-1] if len(cpus) > 1 else None,

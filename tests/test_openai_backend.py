@@ -43,7 +43,7 @@ def test_spec_rules_for_the_openai_backend() -> None:
         parse_spec(_spec("x", "http://127.0.0.1:9").replace('base_url: "http://127.0.0.1:9"', "api_key_env: K"))
     with pytest.raises(SpecError, match="engine args and env cannot be applied"):
         parse_spec(_spec("x", "http://127.0.0.1:9") + "engine: {fixed: {max_num_seqs: 4}}\n")
-    with pytest.raises(SpecError, match="backend.python and backend.launch only apply"):
+    with pytest.raises(SpecError, match="backend.python is no longer a spec key"):
         parse_spec(_spec("x", "http://127.0.0.1:9", extra=", python: /usr/bin/python3"))
     with pytest.raises(SpecError, match="only apply to backend.kind 'openai'"):
         parse_spec(_spec("x", "http://127.0.0.1:9").replace("kind: openai, ", ""))

@@ -33,10 +33,11 @@ from daemon.server import (
     omp_bind_value,
     parse_kv_cache,
     process_group_alive,
+    vllm_command,
 )
 from daemon.tiny_model import generate
 from servetune.manifest import EngineConfig
-from servetune.spec import BackendSpec, EngineArgs
+from servetune.spec import EngineArgs
 from tests.conftest import group_members
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -182,7 +183,6 @@ def _server(tmp_path: Path, **kw: object) -> VLLMServer:
         "model": "/models/tiny",
         "served_name": "tiny",
         "config": EngineConfig(args=EngineArgs(max_model_len=512, max_num_seqs=4, enable_prefix_caching=False)),
-        "backend": BackendSpec(),
         "log_path": tmp_path / "logs" / "server.log",
         "load_format": "dummy",
         "server_cpus": None,
@@ -211,12 +211,12 @@ def test_argv_is_a_list_in_a_fixed_order(tmp_path: Path) -> None:
     assert 0 < server.port < 65536
 
 
-def test_argv_backend_python_launch_and_no_load_format(tmp_path: Path) -> None:
-    server = _server(tmp_path, backend=BackendSpec(python="/opt/vllm/bin/python"), load_format=None)
+def test_argv_of_the_node_s_vllm_python_or_launch_and_no_load_format(tmp_path: Path) -> None:
+    server = _server(tmp_path, command=vllm_command("/opt/vllm/bin/python"), load_format=None)
     assert server.argv[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--load-format" not in server.argv
     launch = ["srun", "--ntasks=1", "python", "-m", "vllm.entrypoints.openai.api_server"]
-    server = _server(tmp_path, backend=BackendSpec(python="/ignored", launch=launch))
+    server = _server(tmp_path, command=vllm_command("/ignored", launch))
     assert server.argv[: len(launch)] == launch
     assert server.argv[len(launch)] == "--model"
 
@@ -266,7 +266,7 @@ def test_bad_cpus_refused(tmp_path: Path) -> None:
 
 def _script_server(tmp_path: Path, code: str, **kw: object) -> VLLMServer:
     """A VLLMServer whose "server" is a small Python script (vLLM flags land in its sys.argv)."""
-    return _server(tmp_path, backend=BackendSpec(launch=[sys.executable, "-c", code]), **kw)
+    return _server(tmp_path, command=[sys.executable, "-c", code], **kw)
 
 
 def _running(pid: int) -> bool:
@@ -288,7 +288,7 @@ def _wait_gone(pid: int, timeout_s: float = 10) -> bool:
 
 
 def test_cannot_execute(tmp_path: Path) -> None:
-    server = _server(tmp_path, backend=BackendSpec(python=str(tmp_path / "no-such-python")))
+    server = _server(tmp_path, command=vllm_command(str(tmp_path / "no-such-python")))
     with pytest.raises(ServerStartError, match="cannot execute") as err:
         server.start(timeout_s=5)
     assert err.value.exit_code is None
@@ -409,7 +409,6 @@ def test_vllm_refuses_quickly(tiny_model: Path, tmp_path: Path) -> None:
         model=str(tiny_model),
         served_name="tiny",
         config=EngineConfig(args=EngineArgs(max_model_len=4096)),
-        backend=BackendSpec(),
         log_path=tmp_path / "refused.log",
         load_format="dummy",
         server_cpus=None,

@@ -175,6 +175,11 @@ def test_baseline_batches_first_every_k_and_last() -> None:
         (("repeats: 2", "repeats: 2\ngpu_hour_prices: {1xH100-80GB: -3}"),
          "gpu_hour_prices.1xH100-80GB: Input should be greater than 0"),
         (("repeats: 2", "repeats: 2\nplanner: {kind: random}"), "planner.n_configs: planner.n_configs is required"),
+        (("repeats: 2", "repeats: 2\nbackend: {python: /usr/bin/python3}"),
+         "backend: backend.python is no longer a spec key: a coordinator never tells a daemon what to run; it moved "
+         "to the daemon's own flag `daemon start --vllm-python PATH`"),
+        (("repeats: 2", "repeats: 2\nbackend: {launch: [/bin/sh, -c, id]}"),
+         "backend.launch is no longer a spec key"),
     ],
 )
 def test_cli_refuses_bad_specs_and_writes_nothing(tmp_path: Path, mutation: tuple[str, str], needle: str) -> None:
