@@ -420,11 +420,7 @@ class Store:
             to_sync.append(path)
             if str(path) in written:
                 continue  # written by this process from this very text
-            try:
-                intact = path.read_text(encoding="utf-8") == r["record_json"]
-            except (OSError, UnicodeDecodeError):
-                intact = False
-            if not intact:
+            if not _holds(path, r["record_json"]):
                 log.warning("result file %s was not written before the coordinator stopped; rewritten from the store",
                             path)
                 self._replace_result_file(path, r["record_json"])
@@ -458,6 +454,8 @@ class Store:
             try:
                 os.link(tmp, final)  # fails if the file exists: a result is never overwritten
             except FileExistsError:
+                if _holds(final, text):
+                    return  # this very record, already written (repaired from SQLite by a reopen)
                 raise StoreError(f"result file {final} already exists; refusing to overwrite a measurement") from None
         finally:
             os.unlink(tmp)
@@ -551,6 +549,14 @@ class Store:
             "UPDATE sweeps SET status='died', finished_at_us=? WHERE status='running'", (now_us(),)
         )
         return cur.rowcount
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether the file at ``path`` holds exactly ``text``."""
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _syncfs(folder: Path) -> bool:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -455,7 +456,7 @@ class SweepRunner:
                 # at the latest every heartbeat interval while the loop is behind.
                 if now - last_tick >= (tick_every if drained else self.fleet.heartbeat_interval_s):
                     last_tick = now
-                    self._execute(endpoint, core.tick())
+                    self._grouped(endpoint, lambda deferred: self._execute(endpoint, core.tick(), deferred))
                     self._flush_dataset()
                 if self.child is not None and self.child.poll() is not None:
                     code = self.child.returncode
@@ -495,21 +496,33 @@ class SweepRunner:
                       if isinstance(m, Heartbeat) and core.knows(d, m.session_nonce)}
         for i in sorted(first_pass):
             self._execute(endpoint, core.handle(*batch[i]))
+
+        def rest(deferred: list[Instruction]) -> None:
+            for i, (daemon_id, msg) in enumerate(batch):
+                if i not in first_pass:
+                    self._execute(endpoint, core.handle(daemon_id, msg), deferred)
+
+        self._grouped(endpoint, rest)
+        return drained
+
+    def _grouped(self, endpoint: RouterEndpoint, run: Callable[[list[Instruction]], None]) -> None:
+        """``run(deferred)`` inside one store transaction, collecting its sends in ``deferred``;
+        after the COMMIT (every result of it durable), send them in order and write the result files.
+        An exception from ``run`` (the local daemon left, Ctrl-C, a store refusal) comes after what
+        the core already handled: that is committed and answered, then the exception goes on."""
+        store = self.store
+        assert store is not None
         deferred: list[Instruction] = []
         stopped: BaseException | None = None
         with store.group():
             try:
-                for i, (daemon_id, msg) in enumerate(batch):
-                    if i not in first_pass:
-                        self._execute(endpoint, core.handle(daemon_id, msg), deferred)
-            except BaseException as exc:  # the local daemon left, Ctrl-C, a store refusal: the core
-                stopped = exc  # already counts what it handled; keep and answer that, then stop
-        # committed: every result of the pass is durable; now answer
+                run(deferred)
+            except BaseException as exc:
+                stopped = exc
         self._execute(endpoint, deferred)
         store.write_result_files()
         if stopped is not None:
             raise stopped
-        return drained
 
     def _flush_dataset(self) -> None:
         """Rewrite results.nc at most every DATASET_DEBOUNCE_S while results arrive (each result is
