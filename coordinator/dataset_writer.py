@@ -1,5 +1,11 @@
 """Rewrite ``results.nc`` while a sweep runs without stalling the coordinator's loop.
 
+It also writes the per-attempt result files of such sweeps: the coordinator makes each record
+durable in SQLite before its ACK and leaves the file, a view of that row, to this process
+(:meth:`coordinator.store.Store.materialize_result_files`) and to its own store's close, which
+writes any still missing. A reader may therefore find an attempt's ``result_path`` not yet
+written for a few seconds while a large sweep runs.
+
 Rebuilding the dataset re-reads every trial from SQLite and writes netCDF: seconds for a large
 experiment, which on the loop's thread would delay every heartbeat answer by as much (and under
 the GIL a thread would still take its share of the loop's time). :class:`DatasetWriter` hands
@@ -105,12 +111,13 @@ def _die_with_parent() -> None:
 
 
 def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
-    """The child's loop: wait for a request byte, drain the others, rewrite, wait out the
-    debounce; end at EOF."""
+    """The child's loop: wait for a request byte, write the result files the coordinator left to
+    it, rewrite results.nc, wait out the debounce; end at EOF."""
     from coordinator.dataset import write_dataset
     from coordinator.store import Store
 
     pending = False
+    files_after = 0  # result files written up to this pending_results row
     while True:
         if not pending:
             ready, _, _ = select.select([stdin_fd], [], [], 60.0)
@@ -122,6 +129,7 @@ def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
         try:
             store = Store.open_readonly(folder)
             try:
+                files_after = store.materialize_result_files(files_after)
                 write_dataset(store)
             finally:
                 store.close()

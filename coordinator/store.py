@@ -119,6 +119,9 @@ class Store:
         self._unwritten: list[tuple[Path, str]] = []  # committed records whose file is not written yet
         self._unsettled: list[Path] = []  # result files written, not yet fsynced (their rows kept)
         self._folders: set[str] = set()  # result folders known to exist
+        #: True: the result files are left to another process (:meth:`materialize_result_files`,
+        #: the coordinator's results.nc writer) and to :meth:`settle_result_files` at close.
+        self.defer_result_files = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -402,10 +405,34 @@ class Store:
         if self._depth:
             raise StoreError("write_result_files inside a transaction: its records are not committed yet")
         todo, self._unwritten = self._unwritten, []
+        if self.defer_result_files:
+            return 0  # durable in pending_results; another process writes the files
         for path, text in todo:
             self._link_result_file(path, text, fsync=False)
             self._unsettled.append(path)
         return len(todo)
+
+    def materialize_result_files(self, after_rowid: int = 0) -> int:
+        """Write the result files of committed records not yet written (``pending_results`` rows
+        after ``after_rowid``), from any process, the store opened read-only included; never over
+        a different file. Flushed to disk before it returns. Returns the last row id seen."""
+        rows = self._conn.execute(
+            "SELECT rowid, result_path, record_json FROM pending_results WHERE rowid > ? ORDER BY rowid",
+            (after_rowid,),
+        ).fetchall()
+        last = after_rowid
+        written = []
+        for r in rows:
+            path = self.folder / r["result_path"]
+            last = max(last, int(r["rowid"]))
+            if not path.exists():
+                self._link_result_file(path, r["record_json"], fsync=False)
+                written.append(path)
+        if written and not _syncfs(self.folder):
+            for path in written:
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        return last
 
     def settle_result_files(self) -> int:
         """Make every result file durable and drop the SQLite copies of their records: rewrite
@@ -420,9 +447,10 @@ class Store:
             to_sync.append(path)
             if str(path) in written:
                 continue  # written by this process from this very text
-            if not _holds(path, r["record_json"]):
-                log.warning("result file %s was not written before the coordinator stopped; rewritten from the store",
-                            path)
+            if not path.exists():  # left to another process that did not get to it, or a crash
+                self._link_result_file(path, r["record_json"], fsync=False)
+            elif not _holds(path, r["record_json"]):
+                log.warning("result file %s was left incomplete by a crash; rewritten from the store", path)
                 self._replace_result_file(path, r["record_json"])
         if to_sync and not _syncfs(self.folder):  # one call, else file by file and their folders
             for path in to_sync:

@@ -445,6 +445,7 @@ class SweepRunner:
         last_tick = 0.0
         if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
             self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
+            self.store.defer_result_files = True  # the writer writes them; the store's close any left
         try:
             while not core.finished:
                 got = endpoint.recv(int(tick_every * 1000))
@@ -471,6 +472,9 @@ class SweepRunner:
             if self._dataset_writer is not None:
                 self._dataset_writer.close()  # before the final rewrite, which the caller does itself
                 self._dataset_writer = None
+                if self.store is not None:
+                    self.store.defer_result_files = False
+                    self.store.settle_result_files()  # the files it did not get to, before anyone reads them
 
     def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message]) -> bool:
         """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).

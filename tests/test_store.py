@@ -181,3 +181,27 @@ def test_a_crash_between_commit_and_result_files_loses_nothing(tmp_path: Path) -
         assert record == {"t": t, "samples": [1, 2, 3]}
     assert reopened._conn.execute("SELECT COUNT(*) FROM pending_results").fetchone()[0] == 0
     reopened.close()
+
+
+def test_result_files_left_to_another_process_are_written_from_sqlite_and_settled(tmp_path: Path) -> None:
+    store, trials = _setup(tmp_path)
+    store.defer_result_files = True
+    with store.group():
+        for t in trials:
+            store.begin_attempt(t, daemon_id="d", batch_id="b", spec_hash="h")
+            store.finish_attempt(t, 1, status="ok", failure_kind=None, error=None, submission_id="s",
+                                 record={"t": t}, metrics={}, hardware_class=None)
+    assert store.write_result_files() == 0
+    files = [store.folder / "results" / t / "attempt-1.json" for t in trials]
+    assert not any(f.exists() for f in files)
+    reader = Store.open_readonly(store.folder)  # as the results.nc writer's process does
+    last = reader.materialize_result_files(0)
+    files[1].unlink()  # one it did not get to: the store's close writes it
+    assert reader.materialize_result_files(last) == last  # nothing new after that row
+    reader.close()
+    assert files[0].read_text() == f'{{"t": "{trials[0]}"}}' and not files[1].exists()
+    store.close()
+    assert [f.read_text() for f in files] == [f'{{"t": "{t}"}}' for t in trials]
+    again = Store.open(tmp_path / "exp")
+    assert again._conn.execute("SELECT COUNT(*) FROM pending_results").fetchone()[0] == 0
+    again.close()
