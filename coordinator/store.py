@@ -358,19 +358,20 @@ class Store:
         failure_kind: str | None,
         error: str | None,
         submission_id: str | None,
-        record: dict[str, Any] | None,
+        record: dict[str, Any] | str | None,
         metrics: dict[str, Any] | None,
         hardware_class: str | None,
     ) -> Path | None:
         """Close a running attempt. With ``record``, store it (in the same transaction) for its own
         immutable result file, which is written once the transaction has committed: at once, or
-        inside :meth:`group` by :meth:`write_result_files`. Returns that file's path."""
+        inside :meth:`group` by :meth:`write_result_files`. ``record``: a dict, or its JSON text
+        (a JSON object) when the caller serialized it already. Returns that file's path."""
         check_attempt("running", status)
         path: Path | None = None
         text: str | None = None
         if record is not None:
             path = self.folder / "results" / trial_id / f"attempt-{attempt}.json"
-            text = json.dumps(record)  # once, without indent or sort (the C encoder)
+            text = record if isinstance(record, str) else json.dumps(record)  # once, no indent or sort
         ts = now_us()
         with self._tx() as c:
             cur = c.execute(

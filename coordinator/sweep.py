@@ -82,8 +82,8 @@ TICK_S = 0.1
 #: One pass of the loop reads at most this many messages already queued on the socket (or for
 #: this long), hands them all to the core, commits their store writes in one transaction, then
 #: sends what they answered (see :meth:`SweepRunner._pass`).
-DRAIN_MAX = 2000
-DRAIN_MAX_S = 0.25
+DRAIN_MAX = 500
+DRAIN_MAX_S = 0.1
 
 
 class SweepInterrupted(ServetuneError):
@@ -608,7 +608,7 @@ class SweepRunner:
             kind = "measurement"
         if metrics is None:
             metrics = self._extras(outcome)
-        record = {
+        head = json.dumps({
             "trial_id": msg.trial_id,
             "attempt": msg.epoch,
             "submission_id": msg.submission_id,
@@ -617,10 +617,11 @@ class SweepRunner:
             "spec_hash": self.spec_hash,
             "status": status,
             "failure_kind": kind,
-            "manifest": manifest.model_dump(mode="json"),
             "metrics": metrics,
-            "outcome": outcome.model_dump(mode="json"),
-        }
+        })
+        # the record, serialized once: pydantic writes the two models' JSON itself (as model_dump(mode="json"))
+        record = (f'{head[:-1]}, "manifest": {manifest.model_dump_json()}, '
+                  f'"outcome": {outcome.model_dump_json()}}}')
         hw = outcome.fingerprint.hardware_class if outcome.fingerprint else None
         store.finish_attempt(
             msg.trial_id, msg.epoch, status=status, failure_kind=kind if status != "ok" else None, error=error,
