@@ -21,6 +21,12 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
 - A daemon silent for ``suspect_after_missed`` heartbeat intervals is reported once as suspect
   (:class:`Notice`); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
 - With no daemon connected for ``daemon_wait_s`` the core stops and returns :class:`NoDaemon`.
+- An idle daemon's READY that finds no work is kept waiting (for up to one heartbeat interval,
+  below the daemon's READY re-send interval) rather than answered NO_WORK at once: work that
+  appears meanwhile (a lease revoked at expiry, a daemon that left, a rate sweep's follow-ups) is
+  granted to the oldest waiting READY of a matching hardware class at the next :meth:`tick`, the
+  one that revoked it. A READY that waited its interval out gets NO_WORK with ``retry_after_s=0``
+  (ask again at once), so an idle daemon has a READY waiting nearly all the time.
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
@@ -169,6 +175,15 @@ class DaemonSession:
 
 
 @dataclass(frozen=True)
+class WaitingReady:
+    """A READY that found no work, kept to be answered when work appears (or NO_WORK at ``until``)."""
+
+    seq: int
+    session_nonce: str
+    until: float
+
+
+@dataclass(frozen=True)
 class Orphan:
     """A lease found running in the store after a coordinator restart."""
 
@@ -206,6 +221,7 @@ class ControlCore:
         self._no_daemon_since: float | None = now
         self._no_daemon_reported = False
         self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
+        self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
         for orphan in self.orphans:
             lease = Lease(
                 batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
@@ -223,6 +239,11 @@ class ControlCore:
     @property
     def queued(self) -> int:
         return len(self.queue)
+
+    def knows(self, daemon_id: str, session_nonce: str) -> bool:
+        """Whether ``daemon_id`` is connected with this session (its messages need no HELLO first)."""
+        d = self.daemons.get(daemon_id)
+        return d is not None and d.session_nonce == session_nonce
 
     def hardware_class(self, daemon_id: str) -> str | None:
         d = self.daemons.get(daemon_id)
@@ -309,10 +330,35 @@ class ControlCore:
             waited = now - self._no_daemon_since
             out += self.abort(f"no daemon connected for {waited:.0f} s (--daemon-wait {s.daemon_wait_s:g})")
             out.append(NoDaemon(waited))
+        out += self._serve_waiting(now)
+        return out
+
+    def _serve_waiting(self, now: float) -> list[Instruction]:
+        """Grant queued work to waiting READYs (oldest first); answer those whose wait is over."""
+        out: list[Instruction] = []
+        for daemon_id, w in list(self.waiting.items()):
+            d = self.daemons.get(daemon_id)
+            if d is None or d.session_nonce != w.session_nonce or self.leases.held_by(daemon_id):
+                del self.waiting[daemon_id]  # gone, a new session, or granted since: nothing to answer
+                continue
+            if self.stopping or self.finished:
+                del self.waiting[daemon_id]
+                out.append(Send(daemon_id, Shutdown(reason="no more work")))
+                continue
+            if self.queue:
+                work = self._take(d.hardware_class)
+                if work is not None:
+                    del self.waiting[daemon_id]
+                    out += self._grant(d, work, w.seq, now)
+                    continue
+            if now >= w.until:
+                del self.waiting[daemon_id]
+                out.append(Send(daemon_id, NoWork(retry_after_s=0.0)))
         return out
 
     def add(self, work: BatchWork) -> bool:
-        """Queue a batch planned during the sweep (a rate sweep's follow-ups); False when stopping."""
+        """Queue a batch planned during the sweep (a rate sweep's follow-ups); False when stopping.
+        A waiting READY gets it at the next :meth:`tick`."""
         if self.stopping:
             return False
         self.queue.append(work)
@@ -422,6 +468,7 @@ class ControlCore:
         return out
 
     def _ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction]:
+        self.waiting.pop(d.daemon_id, None)  # a newer READY replaces one still waiting
         out: list[Instruction] = []
         held = {(r.trial_id, r.epoch) for r in msg.held}
         for lease in self.leases.held_by(d.daemon_id):
@@ -441,7 +488,12 @@ class ControlCore:
         if work is None:
             if self.stopping or self.finished:
                 return [Send(d.daemon_id, Shutdown(reason="no more work"))]
-            return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
+            self.waiting[d.daemon_id] = WaitingReady(msg.seq, d.session_nonce, now + self.settings.heartbeat_interval_s)
+            return []
+        return self._grant(d, work, msg.seq, now)
+
+    def _grant(self, d: DaemonSession, work: BatchWork, ready_seq: int, now: float) -> list[Instruction]:
+        """Lease ``work`` to ``d`` in answer to its READY ``ready_seq``: persist, then send the GRANT."""
         attempts = {}
         for m in work.trials:
             self._attempts[m.trial_id] = self._attempts.get(m.trial_id, 0) + 1
@@ -450,10 +502,10 @@ class ControlCore:
         self.leases.add(Lease(
             batch_id=work.batch_id, daemon_id=d.daemon_id, work=pinned, attempts=attempts,
             outstanding={m.trial_id for m in work.trials}, granted_at=now, renewed_at=now,
-            ttl_s=self.settings.lease_ttl_s, ready_seq=msg.seq,
+            ttl_s=self.settings.lease_ttl_s, ready_seq=ready_seq,
         ))
         grant = Grant(
-            batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s, seq=msg.seq,
+            batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s, seq=ready_seq,
             model=self.spec.model, backend=self.spec.backend, budgets=self.spec.budgets, config=work.batch.config,
             trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
         )

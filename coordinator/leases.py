@@ -74,11 +74,12 @@ class Lease:
 
 
 class LeaseTable:
-    """Live leases, indexed by batch id and by trial id."""
+    """Live leases, indexed by batch id, by trial id and by daemon id."""
 
     def __init__(self) -> None:
         self._by_batch: dict[str, Lease] = {}
         self._by_trial: dict[str, Lease] = {}
+        self._by_daemon: dict[str, dict[str, Lease]] = {}  # daemon -> batch id -> lease, in grant order
 
     def __len__(self) -> int:
         return len(self._by_batch)
@@ -93,7 +94,17 @@ class LeaseTable:
         return self._by_trial.get(trial_id)
 
     def held_by(self, daemon_id: str) -> list[Lease]:
-        return [lease for lease in self._by_batch.values() if lease.daemon_id == daemon_id]
+        """The live leases of ``daemon_id``, oldest grant first."""
+        held = self._by_daemon.get(daemon_id)
+        return list(held.values()) if held else []
+
+    def _drop(self, lease: Lease) -> None:
+        self._by_batch.pop(lease.batch_id, None)
+        held = self._by_daemon.get(lease.daemon_id)
+        if held is not None and held.get(lease.batch_id) is lease:
+            del held[lease.batch_id]
+            if not held:
+                del self._by_daemon[lease.daemon_id]
 
     def add(self, lease: Lease) -> Lease:
         if lease.batch_id in self._by_batch:
@@ -102,6 +113,7 @@ class LeaseTable:
             if trial_id in self._by_trial:
                 raise ValueError(f"trial {trial_id[:12]} is already in lease {self._by_trial[trial_id].batch_id}")
         self._by_batch[lease.batch_id] = lease
+        self._by_daemon.setdefault(lease.daemon_id, {})[lease.batch_id] = lease
         for trial_id in lease.outstanding:
             self._by_trial[trial_id] = lease
         return lease
@@ -126,13 +138,13 @@ class LeaseTable:
         if lease.outstanding:
             return False
         lease.move(LeaseState.RELEASED)
-        del self._by_batch[lease.batch_id]
+        self._drop(lease)
         return True
 
     def revoke(self, lease: Lease) -> list[tuple[str, int]]:
         """End a lease; returns its outstanding (trial, epoch) pairs in run order."""
         lease.move(LeaseState.REVOKED)
-        self._by_batch.pop(lease.batch_id, None)
+        self._drop(lease)
         for trial_id in lease.outstanding:
             if self._by_trial.get(trial_id) is lease:
                 del self._by_trial[trial_id]

@@ -15,10 +15,21 @@ Contract:
 - Attempts move ``running -> ok | failed`` exactly once. A ``running`` attempt left behind by a
   coordinator that died is closed as a ``transport`` failure when the store is next opened for a
   sweep (:meth:`Store.close_abandoned`).
+- **Durable before acknowledged.** A finished attempt's record is written into SQLite
+  (``pending_results``) in the same transaction as the attempt's row; commits are fsynced
+  (``synchronous=FULL``), so when :meth:`Store.finish_attempt` returns, or the :meth:`Store.group`
+  it ran in has committed, the result survives a crash. The result file is a view of that row:
+  written right after the commit (:meth:`Store.write_result_files`, without an fsync of its own),
+  then fsynced and its row dropped when the store is closed (:meth:`Store.settle_result_files`). A
+  store opened after a crash first rewrites, from SQLite, every result file that a crash left
+  missing or incomplete.
+- :meth:`Store.group` makes every write inside it one transaction (one fsync for many results);
+  the coordinator sends the ACKs of a group's results only after it has committed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -63,6 +74,10 @@ CREATE TABLE IF NOT EXISTS transitions (
     id INTEGER PRIMARY KEY AUTOINCREMENT, trial_id TEXT, attempt INTEGER, batch_id TEXT, at_us INTEGER NOT NULL,
     phase TEXT NOT NULL, detail TEXT
 );
+CREATE TABLE IF NOT EXISTS pending_results (
+    trial_id TEXT NOT NULL, attempt INTEGER NOT NULL, result_path TEXT NOT NULL, record_json TEXT NOT NULL,
+    PRIMARY KEY (trial_id, attempt)
+);
 CREATE TABLE IF NOT EXISTS sweeps (
     id INTEGER PRIMARY KEY AUTOINCREMENT, spec_hash TEXT NOT NULL, started_at_us INTEGER NOT NULL,
     finished_at_us INTEGER, status TEXT NOT NULL, detail TEXT
@@ -98,9 +113,17 @@ class AttemptRow:
 class Store:
     """SQLite metadata of one experiment. Not thread-safe: use it from the coordinator's thread."""
 
-    def __init__(self, folder: Path, conn: sqlite3.Connection):
+    def __init__(self, folder: Path, conn: sqlite3.Connection, *, readonly: bool = False):
         self.folder = folder
         self._conn = conn
+        self._readonly = readonly
+        self._depth = 0  # nesting of _tx/group: only the outermost begins and commits
+        self._unwritten: list[tuple[Path, str]] = []  # committed records whose file is not written yet
+        self._unsettled: list[Path] = []  # result files written, not yet fsynced (their rows kept)
+        self._folders: set[str] = set()  # result folders known to exist
+        #: True: the result files are left to another process (:meth:`materialize_result_files`,
+        #: the coordinator's results.nc writer) and to :meth:`settle_result_files` at close.
+        self.defer_result_files = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,10 +138,12 @@ class Store:
         conn = sqlite3.connect(db, timeout=30.0, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA synchronous=FULL")  # every commit fsyncs the WAL: results are durable at COMMIT
         conn.executescript(_SCHEMA)
         _migrate(conn)
-        return cls(path, conn)
+        store = cls(path, conn)
+        store.settle_result_files()  # a crash may have left result files unwritten or incomplete
+        return store
 
     @classmethod
     def open_readonly(cls, folder: str | os.PathLike[str]) -> Store:
@@ -127,20 +152,59 @@ class Store:
             raise StoreError(f"no experiment store at {db}")
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        return cls(Path(folder), conn)
+        return cls(Path(folder), conn, readonly=True)
 
     def close(self) -> None:
-        self._conn.close()
+        """Write and fsync every result file still owed, then close."""
+        try:
+            if not self._readonly:
+                self.settle_result_files()
+        finally:
+            self._conn.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A transaction; inside :meth:`group` (or another ``_tx``) a savepoint of the outer one,
+        so each store operation stays all or nothing there too."""
+        if self._depth:
+            name = f"sp{self._depth}"
+            self._conn.execute(f"SAVEPOINT {name}")
+            self._depth += 1
+            mark = len(self._unwritten)
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute(f"ROLLBACK TO {name}")
+                self._conn.execute(f"RELEASE {name}")
+                del self._unwritten[mark:]
+                raise
+            finally:
+                self._depth -= 1
+            self._conn.execute(f"RELEASE {name}")
+            return
         self._conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        mark = len(self._unwritten)
         try:
             yield self._conn
         except BaseException:
+            self._depth = 0
             self._conn.execute("ROLLBACK")
+            del self._unwritten[mark:]  # rolled back: those records were never stored
             raise
+        self._depth = 0
         self._conn.execute("COMMIT")
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Run many store writes as one transaction: one COMMIT, one fsync. Each operation inside
+        is all or nothing by itself (a savepoint); an exception that leaves the group rolls back
+        all of them, and nothing of it may be acknowledged.
+
+        The result files of the records finished inside are not written by the group: call
+        :meth:`write_result_files` after it (the coordinator sends its ACKs first)."""
+        with self._tx():
+            yield
 
     # ------------------------------------------------------------------ specs and plans
 
@@ -247,22 +311,35 @@ class Store:
                       attempt: int | None = None, daemon_key_id: str | None = None) -> int:
         """Open a new attempt (``running``) and return its number (1, 2, ...). ``attempt``: the number
         the caller expects (the lease epoch it grants); it must be the next one, else :class:`StoreError`."""
-        with self._tx() as c:
-            row = c.execute("SELECT MAX(attempt) AS n FROM attempts WHERE trial_id=?", (trial_id,)).fetchone()
-            nxt = int(row["n"] or 0) + 1
-            if attempt is not None and attempt != nxt:
-                raise StoreError(f"trial {trial_id[:12]}: attempt {attempt} requested, but the next attempt is {nxt}")
-            attempt = nxt
-            c.execute(
-                "INSERT INTO attempts(trial_id, attempt, status, daemon_id, batch_id, spec_hash, started_at_us,"
-                " daemon_key_id) VALUES (?,?,?,?,?,?,?,?)",
-                (trial_id, attempt, "running", daemon_id, batch_id, spec_hash, now_us(), daemon_key_id),
-            )
-            c.execute(
-                "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,?,?,?,?)",
-                (trial_id, attempt, batch_id, now_us(), "granted", daemon_id),
-            )
-        return attempt
+        with self._tx():
+            return self._begin(trial_id, daemon_id, batch_id, spec_hash, attempt, now_us(), daemon_key_id)
+
+    def begin_attempts(self, attempts: dict[str, int], *, daemon_id: str, batch_id: str, spec_hash: str,
+                       daemon_key_id: str | None = None) -> None:
+        """Open the attempts of one GRANT (trial -> the attempt number it is granted with) in one
+        transaction; each number must be its trial's next, else :class:`StoreError` and none is opened."""
+        ts = now_us()
+        with self._tx():
+            for trial_id, attempt in attempts.items():
+                self._begin(trial_id, daemon_id, batch_id, spec_hash, attempt, ts, daemon_key_id)
+
+    def _begin(self, trial_id: str, daemon_id: str, batch_id: str, spec_hash: str, attempt: int | None,
+               ts: int, daemon_key_id: str | None = None) -> int:
+        c = self._conn
+        row = c.execute("SELECT MAX(attempt) AS n FROM attempts WHERE trial_id=?", (trial_id,)).fetchone()
+        nxt = int(row["n"] or 0) + 1
+        if attempt is not None and attempt != nxt:
+            raise StoreError(f"trial {trial_id[:12]}: attempt {attempt} requested, but the next attempt is {nxt}")
+        c.execute(
+            "INSERT INTO attempts(trial_id, attempt, status, daemon_id, batch_id, spec_hash, started_at_us,"
+            " daemon_key_id) VALUES (?,?,?,?,?,?,?,?)",
+            (trial_id, nxt, "running", daemon_id, batch_id, spec_hash, ts, daemon_key_id),
+        )
+        c.execute(
+            "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,?,?,?,?)",
+            (trial_id, nxt, batch_id, ts, "granted", daemon_id),
+        )
+        return nxt
 
     def attempt_status(self, trial_id: str, attempt: int) -> tuple[str, str | None] | None:
         row = self._conn.execute(
@@ -285,48 +362,155 @@ class Store:
         failure_kind: str | None,
         error: str | None,
         submission_id: str | None,
-        record: dict[str, Any] | None,
+        record: dict[str, Any] | str | None,
         metrics: dict[str, Any] | None,
         hardware_class: str | None,
     ) -> Path | None:
-        """Close a running attempt. With ``record``, first write it to its own immutable result file."""
-        current = self.attempt_status(trial_id, attempt)
-        if current is None:
-            raise StoreError(f"trial {trial_id[:12]} has no attempt {attempt}")
-        if current[0] != "running":
-            raise StoreError(f"attempt {attempt} of trial {trial_id[:12]} already finished as {current[0]}")
-        check_attempt(current[0], status)
-        path = self._write_result_file(trial_id, attempt, record) if record is not None else None
+        """Close a running attempt. With ``record``, store it (in the same transaction) for its own
+        immutable result file, which is written once the transaction has committed: at once, or
+        inside :meth:`group` by :meth:`write_result_files`. ``record``: a dict, or its JSON text
+        (a JSON object) when the caller serialized it already. Returns that file's path."""
+        check_attempt("running", status)
+        path: Path | None = None
+        text: str | None = None
+        if record is not None:
+            path = self.folder / "results" / trial_id / f"attempt-{attempt}.json"
+            text = record if isinstance(record, str) else json.dumps(record)  # once, no indent or sort
+        ts = now_us()
         with self._tx() as c:
-            c.execute(
+            cur = c.execute(
                 "UPDATE attempts SET status=?, failure_kind=?, error=?, submission_id=?, result_path=?, metrics_json=?,"
                 " hardware_class=?, finished_at_us=? WHERE trial_id=? AND attempt=? AND status='running'",
                 (status, failure_kind, error, submission_id,
                  str(path.relative_to(self.folder)) if path else None,
-                 json.dumps(metrics) if metrics is not None else None, hardware_class, now_us(), trial_id, attempt),
+                 json.dumps(metrics) if metrics is not None else None, hardware_class, ts, trial_id, attempt),
             )
+            if cur.rowcount != 1:  # the caller believed it running: say why not
+                current = self.attempt_status(trial_id, attempt)
+                if current is None:
+                    raise StoreError(f"trial {trial_id[:12]} has no attempt {attempt}")
+                raise StoreError(f"attempt {attempt} of trial {trial_id[:12]} already finished as {current[0]}")
             c.execute(
                 "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,NULL,?,?,?)",
-                (trial_id, attempt, now_us(), status, failure_kind or ""),
+                (trial_id, attempt, ts, status, failure_kind or ""),
             )
+            if path is not None and text is not None:
+                if path.exists():
+                    raise StoreError(f"result file {path} already exists; refusing to overwrite a measurement")
+                c.execute("INSERT INTO pending_results(trial_id, attempt, result_path, record_json) VALUES (?,?,?,?)",
+                          (trial_id, attempt, str(path.relative_to(self.folder)), text))
+                self._unwritten.append((path, text))
+        if not self._depth:
+            self.write_result_files()
         return path
 
-    def _write_result_file(self, trial_id: str, attempt: int, record: dict[str, Any]) -> Path:
-        folder = self.folder / "results" / trial_id
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"attempt-{attempt}.json"
+    def write_result_files(self) -> int:
+        """Write the result files of committed records (no fsync: their rows stay until
+        :meth:`settle_result_files`). Returns how many were written."""
+        if self._depth:
+            raise StoreError("write_result_files inside a transaction: its records are not committed yet")
+        todo, self._unwritten = self._unwritten, []
+        if self.defer_result_files:
+            return 0  # durable in pending_results; another process writes the files
+        for path, text in todo:
+            self._link_result_file(path, text, fsync=False)
+            self._unsettled.append(path)
+        return len(todo)
+
+    def materialize_result_files(self, after_rowid: int = 0) -> int:
+        """Write the result files of committed records not yet written (``pending_results`` rows
+        after ``after_rowid``), from any process, the store opened read-only included; never over
+        a different file. Flushed to disk before it returns. Returns the last row id seen."""
+        rows = self._conn.execute(
+            "SELECT rowid, result_path, record_json FROM pending_results WHERE rowid > ? ORDER BY rowid",
+            (after_rowid,),
+        ).fetchall()
+        last = after_rowid
+        written = []
+        for r in rows:
+            path = self.folder / r["result_path"]
+            last = max(last, int(r["rowid"]))
+            if not path.exists():
+                self._link_result_file(path, r["record_json"], fsync=False)
+                written.append(path)
+        if written and not _syncfs(self.folder):
+            for path in written:
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        return last
+
+    def settle_result_files(self) -> int:
+        """Make every result file durable and drop the SQLite copies of their records: rewrite
+        (from SQLite) any file missing or not holding its record (left by a crash), flush the rest
+        to disk, then delete their ``pending_results`` rows. Returns how many rows were settled."""
+        self.write_result_files()
+        rows = self._conn.execute("SELECT trial_id, attempt, result_path, record_json FROM pending_results").fetchall()
+        written = {str(p) for p in self._unsettled}
+        to_sync: list[Path] = []
+        for r in rows:
+            path = self.folder / r["result_path"]
+            to_sync.append(path)
+            if str(path) in written:
+                continue  # written by this process from this very text
+            if not path.exists():  # left to another process that did not get to it, or a crash
+                self._link_result_file(path, r["record_json"], fsync=False)
+            elif not _holds(path, r["record_json"]):
+                log.warning("result file %s was left incomplete by a crash; rewritten from the store", path)
+                self._replace_result_file(path, r["record_json"])
+        if to_sync and not _syncfs(self.folder):  # one call, else file by file and their folders
+            for path in to_sync:
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+            for folder in {p.parent for p in to_sync} | {self.folder / "results"}:
+                _fsync_dir(folder)
+        if rows:
+            with self._tx() as c:
+                c.executemany("DELETE FROM pending_results WHERE trial_id=? AND attempt=?",
+                              [(r["trial_id"], r["attempt"]) for r in rows])
+        self._unsettled.clear()
+        return len(rows)
+
+    def _link_result_file(self, final: Path, text: str, *, fsync: bool) -> None:
+        """Create ``final`` holding ``text`` with an exclusive link: never over an existing file."""
+        folder = final.parent
+        key = str(folder)
+        if key not in self._folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._folders.add(key)
         fd, tmp = tempfile.mkstemp(prefix=".attempt-", suffix=".json", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(record, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
+                fh.write(text)
+                if fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
             try:
                 os.link(tmp, final)  # fails if the file exists: a result is never overwritten
             except FileExistsError:
+                if _holds(final, text):
+                    return  # this very record, already written (repaired from SQLite by a reopen)
                 raise StoreError(f"result file {final} already exists; refusing to overwrite a measurement") from None
         finally:
             os.unlink(tmp)
+
+    def _replace_result_file(self, final: Path, text: str) -> None:
+        """Repair a result file from its record in SQLite (the durable copy), fsynced."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".attempt-", suffix=".json", dir=final.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def _write_result_file(self, trial_id: str, attempt: int, record: dict[str, Any]) -> Path:
+        """Write one result file at once, fsynced (outside the SQLite path; kept for tools and tests)."""
+        final = self.folder / "results" / trial_id / f"attempt-{attempt}.json"
+        self._link_result_file(final, json.dumps(record), fsync=True)
         return final
 
     def update_metrics(self, trial_id: str, attempt: int, metrics: dict[str, Any]) -> None:
@@ -405,6 +589,41 @@ class Store:
             "UPDATE sweeps SET status='died', finished_at_us=? WHERE status='running'", (now_us(),)
         )
         return cur.rowcount
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether the file at ``path`` holds exactly ``text``."""
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _syncfs(folder: Path) -> bool:
+    """Flush the file system that holds ``folder`` in one call (Linux ``syncfs``); False where it
+    is not available, and the caller fsyncs file by file."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        return bool(syncfs(fd) == 0)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync a directory, so the names of files created in it survive a crash."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _attempt(r: sqlite3.Row) -> AttemptRow:

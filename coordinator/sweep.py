@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -45,6 +46,7 @@ from coordinator.control import (
     orphans_from,
 )
 from coordinator.dataset import write_dataset
+from coordinator.dataset_writer import DatasetWriter
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
 from coordinator.planning import plan_experiment
@@ -66,7 +68,7 @@ from servetune.manifest import (
     sweep_parent,
     swept_names,
 )
-from servetune.messages import Grant
+from servetune.messages import Grant, Heartbeat, Message
 from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
 from servetune.plausibility import implausible
@@ -78,8 +80,16 @@ log = logging.getLogger(__name__)
 #: results.nc is rewritten at most this often while results arrive (and at least ten times its own
 #: last write time apart, so a large experiment's rewrite never hogs the loop), and once at the end.
 DATASET_DEBOUNCE_S = 2.0
+#: From this many planned trials on, the interim results.nc rewrites run in a child process
+#: (:mod:`coordinator.dataset_writer`): they take long enough to delay heartbeat answers.
+DATASET_BACKGROUND_TRIALS = 500
 #: The control core's clock is ticked at most this often (and four times per heartbeat interval).
 TICK_S = 0.1
+#: One pass of the loop reads at most this many messages already queued on the socket (or for
+#: this long), hands them all to the core, commits their store writes in one transaction, then
+#: sends what they answered (see :meth:`SweepRunner._pass`).
+DRAIN_MAX = 500
+DRAIN_MAX_S = 0.1
 
 
 class SweepInterrupted(ServetuneError):
@@ -250,6 +260,7 @@ class SweepRunner:
         self._dataset_dirty = False
         self._dataset_next = 0.0
         self.keys: SweepKeys | None = None
+        self._dataset_writer: DatasetWriter | None = None
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
@@ -453,52 +464,134 @@ class SweepRunner:
         budget = self.spec.budgets.sweep_timeout_s
         tick_every = min(TICK_S, self.fleet.heartbeat_interval_s / 4)
         last_tick = 0.0
-        while not core.finished:
-            got = endpoint.recv(int(tick_every * 1000))
-            if got is not None:
-                self._execute(endpoint, core.handle(*got))
-            now = time.monotonic()
-            if now - last_tick >= tick_every:
-                last_tick = now
-                for key in endpoint.gate.take_removed():
-                    self._execute(endpoint, core.revoke_key(key, f"key {key_id(key)} removed from the allow-list"))
-                self._execute(endpoint, core.tick())
-                self._flush_dataset()
-            if self.child is not None and self.child.poll() is not None:
-                code = self.child.returncode
-                if self.child_daemon_id:
-                    self._execute(endpoint, core.daemon_lost(self.child_daemon_id,
-                                                             f"local daemon exited with code {code}"))
-                raise ServetuneError(f"the local daemon exited with code {code}; its log: {self._daemon_log}")
-            if budget is not None and not core.stopping and time.monotonic() - started > budget:
-                left = core.stop()
-                self.console.print(f"[yellow]sweep budget of {budget:.0f} s spent: {left} batch(es) left as holes")
-        self._flush_dataset(force=True)
+        if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
+            self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
+            self.store.defer_result_files = True  # the writer writes them; the store's close any left
+        try:
+            while not core.finished:
+                got = endpoint.recv(int(tick_every * 1000))
+                drained = True
+                if got is not None:
+                    drained = self._pass(endpoint, got)
+                now = time.monotonic()
+                # Silence is judged on an empty queue (a backlog is not the daemons' silence), or
+                # at the latest every heartbeat interval while the loop is behind.
+                if now - last_tick >= (tick_every if drained else self.fleet.heartbeat_interval_s):
+                    last_tick = now
+                    self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
+                    self._flush_dataset()
+                if self.child is not None and self.child.poll() is not None:
+                    code = self.child.returncode
+                    if self.child_daemon_id:
+                        self._execute(endpoint, core.daemon_lost(self.child_daemon_id,
+                                                                 f"local daemon exited with code {code}"))
+                    raise ServetuneError(f"the local daemon exited with code {code}; its log: {self._daemon_log}")
+                if budget is not None and not core.stopping and time.monotonic() - started > budget:
+                    left = core.stop()
+                    self.console.print(f"[yellow]sweep budget of {budget:.0f} s spent: {left} batch(es) left as holes")
+        finally:
+            if self._dataset_writer is not None:
+                self._dataset_writer.close()  # before the final rewrite, which the caller does itself
+                self._dataset_writer = None
+                if self.store is not None:
+                    self.store.defer_result_files = False
+                    self.store.settle_result_files()  # the files it did not get to, before anyone reads them
 
-    def _flush_dataset(self, force: bool = False) -> None:
+    def _tick(self, endpoint: RouterEndpoint, deferred: list[Instruction]) -> None:
+        """The periodic step: keys removed from the allow-list cut their daemons' sessions (their
+        leases fenced), then the core's tick (silence, expiry, waiting READYs)."""
+        core = self.core
+        assert core is not None
+        for key in endpoint.gate.take_removed():
+            self._execute(endpoint, core.revoke_key(key, f"key {key_id(key)} removed from the allow-list"), deferred)
+        self._execute(endpoint, core.tick(), deferred)
+
+    def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message, str]) -> bool:
+        """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).
+
+        Group commit: every store write the core asks for in the pass (results, attempts of
+        GRANTs, transitions, closed attempts) goes into one transaction, one fsync; only after it
+        has committed are the pass's answers sent (ACKs, GRANTs and the rest, in the order the
+        core gave them), then the result files written. HEARTBEATs of known sessions are handled
+        first and answered at once: renewing writes nothing, and a busy pass must not delay
+        RENEWED. Returns True when the queue was emptied."""
+        core, store = self.core, self.store
+        assert core is not None and store is not None
+        batch = [first]
+        t_end = time.monotonic() + DRAIN_MAX_S
+        drained = False
+        while len(batch) < DRAIN_MAX and time.monotonic() < t_end:
+            got = endpoint.recv(0)
+            if got is None:
+                drained = True
+                break
+            batch.append(got)
+        first_pass = {i for i, (d, m, _) in enumerate(batch)
+                      if isinstance(m, Heartbeat) and core.knows(d, m.session_nonce)}
+        for i in sorted(first_pass):
+            self._execute(endpoint, core.handle(*batch[i]))
+
+        def rest(deferred: list[Instruction]) -> None:
+            for i, (daemon_id, msg, key) in enumerate(batch):
+                if i not in first_pass:
+                    self._execute(endpoint, core.handle(daemon_id, msg, key), deferred)
+
+        self._grouped(endpoint, rest)
+        return drained
+
+    def _grouped(self, endpoint: RouterEndpoint, run: Callable[[list[Instruction]], None]) -> None:
+        """``run(deferred)`` inside one store transaction, collecting its sends in ``deferred``;
+        after the COMMIT (every result of it durable), send them in order and write the result files.
+        An exception from ``run`` (the local daemon left, Ctrl-C, a store refusal) comes after what
+        the core already handled: that is committed and answered, then the exception goes on."""
+        store = self.store
+        assert store is not None
+        deferred: list[Instruction] = []
+        stopped: BaseException | None = None
+        with store.group():
+            try:
+                run(deferred)
+            except BaseException as exc:
+                stopped = exc
+        self._execute(endpoint, deferred)
+        store.write_result_files()
+        if stopped is not None:
+            raise stopped
+
+    def _flush_dataset(self) -> None:
         """Rewrite results.nc at most every DATASET_DEBOUNCE_S while results arrive (each result is
-        durable in the store and its own file before its ACK; the dataset is a view of them)."""
+        durable in the store before its ACK; the dataset is a view of it): in the background
+        writer's process when there is one, else here. The final rewrite is the caller's."""
         if not self._dataset_dirty or self.store is None:
             return
-        if force or time.monotonic() >= self._dataset_next:
+        if time.monotonic() >= self._dataset_next:
+            writer = self._dataset_writer
+            if writer is not None and writer.alive:
+                writer.request()
+                self._dataset_dirty = False
+                self._dataset_next = time.monotonic() + DATASET_DEBOUNCE_S
+                return
             t0 = time.monotonic()
             write_dataset(self.store)
             self._dataset_dirty = False
             took = time.monotonic() - t0
             self._dataset_next = time.monotonic() + max(DATASET_DEBOUNCE_S, 10 * took)
 
-    def _execute(self, endpoint: RouterEndpoint, instructions: list[Instruction]) -> None:
+    def _execute(self, endpoint: RouterEndpoint, instructions: list[Instruction],
+                 deferred: list[Instruction] | None = None) -> None:
+        """Carry out the core's instructions in order. With ``deferred`` (inside a store group),
+        sends are appended there instead, to go out once the group has committed."""
         store, progress, core = self.store, self.progress, self.core
         assert store is not None and progress is not None and core is not None
         for ins in instructions:
-            if isinstance(ins, Send):
+            if isinstance(ins, Send) and deferred is not None:
+                deferred.append(ins)
+            elif isinstance(ins, Send):
                 if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):
                     self._execute(endpoint, core.daemon_lost(ins.daemon_id, f"could not reach daemon {ins.daemon_id}"))
             elif isinstance(ins, BeginAttempts):
-                kid = _key_id_or_none(core.key_of(ins.daemon_id))
-                for trial_id, attempt in ins.attempts.items():
-                    store.begin_attempt(trial_id, daemon_id=ins.daemon_id, batch_id=ins.batch_id,
-                                        spec_hash=self.spec_hash, attempt=attempt, daemon_key_id=kid)
+                store.begin_attempts(ins.attempts, daemon_id=ins.daemon_id, batch_id=ins.batch_id,
+                                     spec_hash=self.spec_hash, daemon_key_id=_key_id_or_none(core.key_of(ins.daemon_id)))
             elif isinstance(ins, Accept):
                 self._accept(endpoint, ins)
             elif isinstance(ins, CloseAttempts):
@@ -550,7 +643,7 @@ class SweepRunner:
             kind = "measurement"
         if metrics is None:
             metrics = self._extras(outcome)
-        record = {
+        head = json.dumps({
             "trial_id": msg.trial_id,
             "attempt": msg.epoch,
             "submission_id": msg.submission_id,
@@ -561,10 +654,11 @@ class SweepRunner:
             "spec_hash": self.spec_hash,
             "status": status,
             "failure_kind": kind,
-            "manifest": manifest.model_dump(mode="json"),
             "metrics": metrics,
-            "outcome": outcome.model_dump(mode="json"),
-        }
+        })
+        # the record, serialized once: pydantic writes the two models' JSON itself (as model_dump(mode="json"))
+        record = (f'{head[:-1]}, "manifest": {manifest.model_dump_json()}, '
+                  f'"outcome": {outcome.model_dump_json()}}}')
         hw = outcome.fingerprint.hardware_class if outcome.fingerprint else None
         store.finish_attempt(
             msg.trial_id, msg.epoch, status=status, failure_kind=kind if status != "ok" else None, error=error,

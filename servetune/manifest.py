@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,6 +82,11 @@ def _short(value: object) -> str:
     return str(value)
 
 
+#: Where a manifest keeps its computed trial id: in the instance ``__dict__`` beside the fields
+#: (pydantic's ``__eq__``, ``__repr__`` and ``model_dump`` look at fields only).
+_TRIAL_ID_KEY = "_trial_id"
+
+
 class TrialManifest(BaseModel):
     """Immutable description of one trial: engine config x load point x repeat."""
 
@@ -101,10 +107,24 @@ class TrialManifest(BaseModel):
     def trial_id(self) -> str:
         """sha256 of the canonical manifest, leaving out where a dataset file lies on this machine
         (its content is named by its sha256), and fields added since manifest version 1 while they
-        hold their default (:data:`ADDED_MANIFEST_FIELDS`), so every trial id ever recorded stays valid."""
-        data = drop_added_defaults(self.model_dump(mode="json"), ADDED_MANIFEST_FIELDS)
-        data["load_point"]["dataset"].pop("path", None)
-        return sha256_json(data)
+        hold their default (:data:`ADDED_MANIFEST_FIELDS`), so every trial id ever recorded stays valid.
+
+        Computed once per instance (the coordinator asks for it on every message): the model is
+        frozen, :meth:`model_copy` drops the cached id, and nothing may mutate a manifest's nested
+        dicts in place (``model``, ``engine.env``), which pydantic's ``frozen`` does not forbid."""
+        cached = self.__dict__.get(_TRIAL_ID_KEY)
+        if cached is None:
+            data = drop_added_defaults(self.model_dump(mode="json"), ADDED_MANIFEST_FIELDS)
+            data["load_point"]["dataset"].pop("path", None)
+            cached = self.__dict__[_TRIAL_ID_KEY] = sha256_json(data)
+        return str(cached)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy, with ``update`` applied, that computes its own trial id (pydantic copies
+        ``__dict__``, where the cached id lives, and applies ``update`` without validation)."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop(_TRIAL_ID_KEY, None)
+        return copied
 
     @property
     def is_baseline(self) -> bool:

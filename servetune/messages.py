@@ -302,7 +302,8 @@ def decode(frame: bytes) -> Message:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ProtocolError(f"invalid message at {where or '<root>'}: {first['msg']}") from None
-    version = getattr(msg, "protocol_version", PROTOCOL_VERSION)
+    # only HELLO and WELCOME carry it (a getattr that misses costs a pydantic __getattr__ and an exception)
+    version = msg.protocol_version if isinstance(msg, (Hello, Welcome)) else PROTOCOL_VERSION
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
     return msg

@@ -346,3 +346,50 @@ def test_fleet_settings_validate_and_never_touch_the_spec_hash(tmp_path) -> None
         fleet_settings(path)
     with pytest.raises(SpecError, match="at least twice"):
         fleet_settings(None, lease_ttl_s=1.0, heartbeat_interval_s=1.0)
+
+
+def test_an_idle_ready_waits_and_gets_a_revoked_lease_at_the_tick_that_expires_it() -> None:
+    clock = Clock()
+    c = core(clock, work=work()[:1])
+    g = join(c, "d1", "n1")
+    c.handle("d2", hello("d2", "n2"))
+    # no work left: d2's READY is kept waiting, not answered NO_WORK at once
+    assert c.handle("d2", Ready(session_nonce="n2", seq=4)) == []
+    clock.t += 0.5
+    assert not sent(c.tick())
+    clock.t += 0.6  # its wait (one heartbeat interval) is over: NO_WORK, ask again at once
+    assert [m.retry_after_s for m in sent(c.tick(), NoWork)] == [0.0]  # type: ignore[attr-defined]
+    assert c.handle("d2", Ready(session_nonce="n2", seq=5)) == []
+    for _ in range(12):  # d1 stays silent; d2 keeps asking, as an idle daemon does
+        clock.t += 1.0
+        c.handle("d2", Heartbeat(session_nonce="n2", seq=1))
+        out = c.tick()
+        if [i for i in out if isinstance(i, CloseAttempts)]:
+            break
+        for m in sent(out, NoWork):
+            assert m.retry_after_s == 0.0  # type: ignore[attr-defined]
+            c.handle("d2", Ready(session_nonce="n2", seq=6))
+    # the tick that revokes d1's expired lease grants it to d2's waiting READY, epoch + 1
+    assert clock.t - 1000.0 > SETTINGS.lease_ttl_s + SETTINGS.lease_grace_s
+    regrant = sent(out, Grant)
+    assert len(regrant) == 1 and regrant[0].batch_id == g.batch_id  # type: ignore[attr-defined]
+    assert regrant[0].seq == 6 and [t.attempt for t in regrant[0].trials] == [2, 2]  # type: ignore[attr-defined]
+    begins = [i for i in out if isinstance(i, BeginAttempts)]
+    assert begins and begins[0].daemon_id == "d2"
+    assert out.index(begins[0]) < out.index(next(i for i in out if isinstance(i, Send) and i.msg is regrant[0]))
+    assert [lease.batch_id for lease in c.leases.held_by("d2")] == [g.batch_id] and not c.leases.held_by("d1")
+
+
+def test_a_waiting_ready_of_a_gone_session_is_dropped_and_one_after_stop_gets_shutdown() -> None:
+    clock = Clock()
+    c = core(clock, work=work()[:1])
+    join(c, "d1", "n1")
+    c.handle("d2", hello("d2", "n2"))
+    c.handle("d3", hello("d3", "n3"))
+    assert c.handle("d2", Ready(session_nonce="n2", seq=1)) == []
+    assert c.handle("d3", Ready(session_nonce="n3", seq=1)) == []
+    c.handle("d2", hello("d2", "n2-new"))  # a new session: the old READY is answered by nobody
+    c.stop()
+    out = c.tick()
+    assert [(i.daemon_id, type(i.msg)) for i in out if isinstance(i, Send)] == [("d3", Shutdown)]
+    assert not c.waiting

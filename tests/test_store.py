@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,119 @@ def test_dataset_rows_holes_and_atomic_write(tmp_path: Path) -> None:
     assert path.exists() and loaded.sizes["trial"] == 2
     assert int(loaded.started_at.values[by_id[t0]]) == store.attempts(t0)[0].started_at_us
     assert not list((tmp_path / "exp").glob(".results-*"))
+
+
+def _visible_ok(folder: Path) -> int:
+    """Finished ok attempts another process would see now (a read-only connection)."""
+    reader = Store.open_readonly(folder)
+    try:
+        return sum(1 for a in reader.all_attempts() if a.status == "ok")
+    finally:
+        reader.close()
+
+
+def test_group_commit_makes_many_results_durable_in_one_transaction(tmp_path: Path) -> None:
+    store, trials = _setup(tmp_path)
+    for t in trials:
+        store.begin_attempt(t, daemon_id="d", batch_id="b", spec_hash="h")
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    with store.group():
+        for t in trials:
+            path = store.finish_attempt(t, 1, status="ok", failure_kind=None, error=None, submission_id="s",
+                                        record={"t": t}, metrics={}, hardware_class=None)
+            assert path is not None and not path.exists(), "a result file waits for the commit"
+        assert _visible_ok(store.folder) == 0, "nothing is committed (nor may be ACKed) inside the group"
+    store._conn.set_trace_callback(None)
+    assert sum(1 for s in statements if s.strip().upper() == "COMMIT") == 1
+    assert _visible_ok(store.folder) == len(trials)
+    assert store.write_result_files() == len(trials)
+    assert all((store.folder / "results" / t / "attempt-1.json").read_text() == f'{{"t": "{t}"}}' for t in trials)
+
+
+def test_a_failed_operation_in_a_group_leaves_the_others_and_an_escaping_error_rolls_back(tmp_path: Path) -> None:
+    store, (t0, t1) = _setup(tmp_path)
+    store.begin_attempts({t0: 1, t1: 1}, daemon_id="d", batch_id="b", spec_hash="h")
+    with pytest.raises(StoreError, match="attempt 1 requested, but the next attempt is 2"):
+        store.begin_attempts({t0: 2, t1: 1}, daemon_id="d", batch_id="b", spec_hash="h")  # all or nothing
+    assert [a.attempt for a in store.attempts(t0)] == [1]
+    with store.group():
+        store.finish_attempt(t0, 1, status="ok", failure_kind=None, error=None, submission_id="s", record={"a": 1},
+                             metrics={}, hardware_class=None)
+        with pytest.raises(StoreError, match="no attempt 5"):
+            store.finish_attempt(t1, 5, status="ok", failure_kind=None, error=None, submission_id="s",
+                                 record={"b": 1}, metrics={}, hardware_class=None)
+    store.write_result_files()
+    assert [a.status for a in store.attempts(t0)] == ["ok"] and [a.status for a in store.attempts(t1)] == ["running"]
+    with pytest.raises(RuntimeError), store.group():
+        store.finish_attempt(t1, 1, status="ok", failure_kind=None, error=None, submission_id="s", record={"b": 1},
+                             metrics={}, hardware_class=None)
+        raise RuntimeError("the loop stopped before the commit")
+    assert [a.status for a in store.attempts(t1)] == ["running"]
+    assert store.write_result_files() == 0 and not (store.folder / "results" / t1).exists()
+
+
+_CRASH_AFTER_COMMIT = """
+import os, sys
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from coordinator.store import Store
+store = Store.open(Path(sys.argv[1]))
+trials = sys.argv[2:]
+with store.group():
+    for t in trials:
+        store.finish_attempt(t, 1, status="ok", failure_kind=None, error=None, submission_id="s",
+                             record={"t": t, "samples": [1, 2, 3]}, metrics={"m": 1}, hardware_class=None)
+# committed, so its ACKs could go out now; the coordinator dies before writing any result file
+os._exit(9)
+"""
+
+
+def test_a_crash_between_commit_and_result_files_loses_nothing(tmp_path: Path) -> None:
+    store, trials = _setup(tmp_path)
+    for t in trials:
+        store.begin_attempt(t, daemon_id="d", batch_id="b", spec_hash="h")
+    store.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _CRASH_AFTER_COMMIT, str(tmp_path / "exp"), *trials], env=env,
+                          timeout=120)
+    assert proc.returncode == 9
+    assert not any((tmp_path / "exp" / "results" / t / "attempt-1.json").exists() for t in trials)
+    # a partly written file (a crash mid-write) is repaired too
+    (tmp_path / "exp" / "results" / trials[0]).mkdir(parents=True)
+    (tmp_path / "exp" / "results" / trials[0] / "attempt-1.json").write_text('{"t": ')
+    reopened = Store.open(tmp_path / "exp")  # settles what the crash left
+    for t in trials:
+        [att] = reopened.attempts(t)
+        assert att.status == "ok" and att.result_path
+        record = json.loads((reopened.folder / att.result_path).read_text())
+        assert record == {"t": t, "samples": [1, 2, 3]}
+    assert reopened._conn.execute("SELECT COUNT(*) FROM pending_results").fetchone()[0] == 0
+    reopened.close()
+
+
+def test_result_files_left_to_another_process_are_written_from_sqlite_and_settled(tmp_path: Path) -> None:
+    store, trials = _setup(tmp_path)
+    store.defer_result_files = True
+    with store.group():
+        for t in trials:
+            store.begin_attempt(t, daemon_id="d", batch_id="b", spec_hash="h")
+            store.finish_attempt(t, 1, status="ok", failure_kind=None, error=None, submission_id="s",
+                                 record={"t": t}, metrics={}, hardware_class=None)
+    assert store.write_result_files() == 0
+    files = [store.folder / "results" / t / "attempt-1.json" for t in trials]
+    assert not any(f.exists() for f in files)
+    reader = Store.open_readonly(store.folder)  # as the results.nc writer's process does
+    last = reader.materialize_result_files(0)
+    files[1].unlink()  # one it did not get to: the store's close writes it
+    assert reader.materialize_result_files(last) == last  # nothing new after that row
+    reader.close()
+    assert files[0].read_text() == f'{{"t": "{trials[0]}"}}' and not files[1].exists()
+    store.close()
+    assert [f.read_text() for f in files] == [f'{{"t": "{t}"}}' for t in trials]
+    again = Store.open(tmp_path / "exp")
+    assert again._conn.execute("SELECT COUNT(*) FROM pending_results").fetchone()[0] == 0
+    again.close()

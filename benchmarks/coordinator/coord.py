@@ -161,6 +161,7 @@ class ProcSampler:
         self.mono: list[float] = []
         self.rss_mib: list[float] = []
         self.hwm_mib = 0.0
+        self.children_hwm_mib = 0.0  # its child processes (the results.nc writer): sum of their VmHWM, peak
         self.threads_cpu_s: dict[str, float] = {}  # thread name (tid) -> CPU-seconds, last read
         self._hz = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
@@ -190,7 +191,24 @@ class ProcSampler:
             self.rss_mib.append(rss)
             if len(self.mono) % 10 == 1:
                 self._read_threads()
+                self._read_children()
             self._stop.wait(self.tick_s)
+
+    def _read_children(self) -> None:
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as f:
+                kids = f.read().split()
+        except OSError:
+            return
+        total = 0.0
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/status", encoding="ascii", errors="replace") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+                total += int(fields["VmHWM"].split()[0]) / 1024
+            except (OSError, KeyError, ValueError, IndexError):
+                continue
+        self.children_hwm_mib = max(self.children_hwm_mib, total)
 
     def _read_threads(self) -> None:
         try:

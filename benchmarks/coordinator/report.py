@@ -198,9 +198,12 @@ def write_section(path: Path, result: dict[str, Any]) -> None:
         "",
         "- Coordinator: the real CLI, `python -m coordinator sweep SPEC --results-root TMP --no-local-daemon "
         f"--bind tcp://127.0.0.1:PORT --heartbeat-interval {s['heartbeat_s']:g} --lease-ttl {s['ttl_s']:g} "
-        f"--lease-grace {s['grace_s']:g} --daemon-wait 60`, pinned to its core; its real store (SQLite WAL, "
-        "one fsynced JSON file per result before its ACK, `results.nc` rewritten at most every 2 s), a fresh "
-        "results root per run.",
+        f"--lease-grace {s['grace_s']:g} --daemon-wait 60`, pinned to its core; its real store: "
+        "each loop pass makes all its results durable in one SQLite transaction (WAL, `synchronous=FULL`: one "
+        "fsync) before it sends their ACKs; the per-attempt JSON files and the `results.nc` rewrites (at most "
+        "every 2 s) are done by the coordinator's niced child process (`coordinator/dataset_writer.py`, on the "
+        "coordinator's core, counted in its CPU), and the files it has not written by the end by the coordinator "
+        "before it exits; a fresh results root per run.",
         "- Work: " + "; ".join(f"{n} daemons: {w}" for n, w in sorted({r["n_daemons"]: r["workload"]
                                                                          for r in result["runs"]}.items()))
         + "; the instant backend answers every trial at once, so the "
@@ -214,7 +217,7 @@ def write_section(path: Path, result: dict[str, Any]) -> None:
         "the real daemon's reconnect after 3 silent intervals.",
         "- Completions/s: ACKs per second between the 10th and 90th percentile ACK times seen by the fake "
         "daemons. Grant latency: the READY a GRANT answers (its seq) -> GRANT received. Heartbeat round trip: "
-        "HEARTBEAT -> its RENEWED. CPU: `/proc` utime + stime over the same span. RSS peak: the coordinator's VmHWM. "
+        "HEARTBEAT -> its RENEWED. CPU: `/proc` utime + stime over the same span, of the coordinator and its child processes. RSS peak: the coordinator's VmHWM (its results.nc writer's is given apart, under the tables). "
         "fsync: 50 writes of a 3 KB file in the results root just before the run. Other processes: the machine's "
         "busy CPU (`/proc/stat`) minus the coordinator's and the fleet's, in cores (the benchmark's own script, "
         "which tails the coordinator's log on the client core, counts here).",

@@ -248,7 +248,8 @@ def _run_in(args: argparse.Namespace, n: int, repeat: int, profile: bool, work: 
     with Children() as children:
         coord = children.start(coordinator_child(spec_path, root, port, timings, run_dir / "coordinator.log",
                                                  args.coord_cpu, REPO, env=env))
-        coord_cpu = TreeCPU(coord.pid, tick_s=0.1, refresh_every=1000).start()
+        # the tree: the coordinator and its results.nc writer (a child process, started with the loop)
+        coord_cpu = TreeCPU(coord.pid, tick_s=0.1, refresh_every=10).start()
         coord_mem = ProcSampler(coord.pid).start()
         machine_cpu = MachineCPU().start()
         t0 = time.monotonic()
@@ -336,7 +337,8 @@ def _run_in(args: argparse.Namespace, n: int, repeat: int, profile: bool, work: 
     figs.update(repeat=repeat, finished=finished, **start_facts, load_end=os.getloadavg()[0],
                 fsync_ms_p50=fsync_p50, fsync_ms_p90=fsync_p90, workload=work.describe(), timings=timings.describe(),
                 coord_exit=coord.returncode, coord_cpu_total_s=coord.cpu_s,
-                coord_threads_cpu_s=coord_mem.threads_cpu_s, client_cpu_total_s=fleet["cpu_s"],
+                coord_threads_cpu_s=coord_mem.threads_cpu_s, coord_children_hwm_mib=coord_mem.children_hwm_mib,
+                client_cpu_total_s=fleet["cpu_s"],
                 store=_store_check(root, name), profile=profile)
     if profile and (run_dir / "pyspy.txt").exists():
         prof = summarize_raw((run_dir / "pyspy.txt").read_text(), REPO)
