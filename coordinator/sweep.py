@@ -566,11 +566,16 @@ class SweepRunner:
             return
         if time.monotonic() >= self._dataset_next:
             writer = self._dataset_writer
-            if writer is not None and writer.alive:
-                writer.request()
+            if writer is not None and writer.alive and writer.request():
                 self._dataset_dirty = False
                 self._dataset_next = time.monotonic() + DATASET_DEBOUNCE_S
                 return
+            if writer is not None:  # it died: this loop writes the files and results.nc again
+                log.warning("the results.nc writer process is gone; rewriting in the coordinator")
+                self._dataset_writer = None
+                writer.close(timeout_s=1.0)
+                self.store.defer_result_files = False
+                self.store.materialize_result_files(0)
             t0 = time.monotonic()
             write_dataset(self.store)
             self._dataset_dirty = False
