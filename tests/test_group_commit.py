@@ -18,9 +18,13 @@ from coordinator.progress import SweepProgress
 from coordinator.store import Store
 from coordinator.sweep import SweepOptions, SweepRunner, select_work
 from coordinator.transport import RouterEndpoint
+from coordinator.zap import KeyGate
+from servetune.keys import coordinator_dir, daemon_dir, load_pair
 from servetune.messages import Ack, Capabilities, Grant, Hello, Message, Ready, Result, Welcome, decode, encode
 from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import parse_spec
+from servetune.wire import configure_dealer
+from tests.fakes.keys import fleet_home
 
 SPEC = """
 name: group-commit
@@ -35,8 +39,8 @@ load_points:
 class WatchedEndpoint(RouterEndpoint):
     """The real ROUTER; before each ACK goes out, note what another process could read of the store."""
 
-    def __init__(self, folder: Path):
-        super().__init__("tcp://127.0.0.1:0")
+    def __init__(self, folder: Path, home: Path):
+        super().__init__("tcp://127.0.0.1:0", server=load_pair(coordinator_dir(home)), gate=KeyGate(home))
         self.folder = folder
         self.finished_at_ack: list[int] = []
 
@@ -64,11 +68,13 @@ def test_results_of_one_pass_are_committed_together_before_their_acks(tmp_path: 
     store.record_plan(runner.spec_hash, spec.model_dump(mode="json"), SPEC, runner.plan)
     work, _ = select_work(runner.plan, store, retry_failed=False)
     runner.core = ControlCore(spec=spec, work=work, settings=FleetSettings())
-    endpoint = WatchedEndpoint(folder)
+    home = fleet_home(tmp_path / "home")  # CURVE: the coordinator's pair and one admitted daemon key
+    endpoint = WatchedEndpoint(folder, home)
     ctx = zmq.Context.instance()
     dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.IDENTITY, b"d1")
+    pair = load_pair(daemon_dir(home))
+    configure_dealer(dealer, "d1", zmq, public_key=pair.public, secret_key=pair.secret,
+                     server_key=load_pair(coordinator_dir(home)).public)
     dealer.connect(endpoint.address)
     fp = Fingerprint(hostname="node", cpu_model="test", cpu_count=1, cpu_isa="none", ram_gib=1.0, os="linux",
                      kernel="test", python="3", servetune_version="0", hardware_class="cpu-test")
