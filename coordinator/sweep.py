@@ -491,6 +491,8 @@ class SweepRunner:
                     self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
                     self._flush_dataset()
                 if self.child is not None and self.child.poll() is not None:
+                    if core.finished:
+                        break  # told there is no more work, it finished its uploads and left: nothing more comes
                     code = self.child.returncode
                     if self.child_daemon_id:
                         self._execute(endpoint, core.daemon_lost(self.child_daemon_id,
