@@ -15,7 +15,9 @@ What it refuses (:data:`servetune.artifact_messages.RefusalReason`):
   accepted, so chunks written per attempt never exceed the bound), final;
 - a chunk no open offer asked for, or one that does not hash to its digest or is not the length
   its manifest gives it: dropped, answered non-final (a later MISSING asks for it again);
-- chunks that make another file than the manifest says (size or whole-file sha256), final.
+- chunks that make another file than the manifest says (size or whole-file sha256), final;
+- a chunk or manifest the store cannot write (disk full, I/O error): logged and refused non-final
+  (``store_failed``), so the daemon keeps the artifact and offers it again later.
 
 A chunk found corrupted at rest when the file is checked is asked for again (the store's ``put``
 repairs it), so a blob that rotted heals on the next upload that contains it.
@@ -23,7 +25,8 @@ repairs it), so a blob that rotted heals on the next upload that contains it.
 State is only what is in flight: open uploads (bounded, dropped after ``idle_timeout_s``) and the
 bytes charged per attempt. Everything durable is in the store, so a restarted coordinator (a new
 receiver over the same store) resumes an upload by answering the next offer from ``has``; its byte
-charges start again from zero (the bound is per coordinator process).
+charges start again from zero (the bound is per coordinator process: a daemon that reconnects to
+a restarted coordinator may upload up to the bound again for the same attempt).
 """
 
 from __future__ import annotations
@@ -183,6 +186,10 @@ class ArtifactReceiver:
             self.store.put(msg.data, msg.sha256)
         except BlobCorruptedError as exc:
             return self._refuse(key, "bad_chunk", str(exc), final=False, chunk=msg.sha256)
+        except OSError as exc:  # disk full, a read-only or failing disk: refuse, never crash the coordinator
+            log.error("cannot write chunk %s of artifact %s: %s", msg.sha256[:12], key[2][:12], exc)
+            return self._refuse(key, "store_failed", f"the coordinator could not store the chunk: {exc}",
+                                final=False, chunk=msg.sha256)
         self._count("chunks_written")
         self._count("bytes_written", len(msg.data))
         upload.asked.discard(msg.sha256)
@@ -201,7 +208,15 @@ class ArtifactReceiver:
                                                            missing=[exc.digest])])
         except ArtifactError as exc:
             return self._refuse(key, "bad_file", str(exc), final=True)
-        put_manifest(self.store, manifest)
+        except OSError as exc:
+            log.error("cannot check artifact %s: %s", key[2][:12], exc)
+            return self._refuse(key, "store_failed", f"the coordinator could not read its store: {exc}", final=False)
+        try:
+            put_manifest(self.store, manifest)
+        except OSError as exc:
+            log.error("cannot store the manifest of artifact %s: %s", key[2][:12], exc)
+            return self._refuse(key, "store_failed", f"the coordinator could not store the manifest: {exc}",
+                                final=False)
         self._done.add(key)
         self._count("artifacts_stored")
         return ReceiverOutput(replies=[self._stored_reply(key)],

@@ -35,6 +35,11 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   live, is refused (:class:`Refused`, nothing else happens). :meth:`ControlCore.revoke_key` (the
   key was removed from the allow-list) forgets that key's sessions and fences their leases. An
   orphaned lease is adopted only by a session of the key it was granted to (``Orphan.key_id``).
+- Artifacts: an ARTIFACT_OFFER or ARTIFACT_CHUNK passes the same session and key checks as a
+  RESULT (another key: :class:`Refused`; an unknown session: REJOIN) and becomes
+  :class:`ReceiveArtifact`; which attempts that key may upload for, and the bytes, are the
+  adapter's receiver's business. The core never waits for artifacts: :attr:`finished` is about
+  results only.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from dataclasses import dataclass, field
 
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
+from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.keys import key_id
 from servetune.manifest import TrialManifest
 from servetune.messages import (
@@ -154,9 +160,20 @@ class Refused:
     reason: str
 
 
+@dataclass(frozen=True)
+class ReceiveArtifact:
+    """An ARTIFACT_OFFER or ARTIFACT_CHUNK of a live session under its own key: hand it to the
+    artifact receiver (:mod:`coordinator.artifact_receiver`), which asks whether ``key`` produced
+    the attempt (finished attempts count: artifacts follow their RESULT), and send its replies."""
+
+    daemon_id: str
+    key: str
+    msg: ArtifactOffer | ArtifactChunk
+
+
 Instruction = (
     Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
-    | Refused
+    | Refused | ReceiveArtifact
 )
 
 
@@ -287,6 +304,8 @@ class ControlCore:
             out += self._result(session, msg, now)
         elif isinstance(msg, BatchError):
             out += self._batch_error(session, msg)
+        elif isinstance(msg, (ArtifactOffer, ArtifactChunk)):
+            out.append(ReceiveArtifact(daemon_id, key, msg))
         elif isinstance(msg, Bye):
             prefix = "interrupted: " if msg.reason.startswith("signal ") else ""
             out += self._forget(daemon_id, f"{prefix}daemon {daemon_id} left: {msg.reason}")

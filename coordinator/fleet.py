@@ -19,6 +19,9 @@ daemon_wait_s              300.0     with no daemon connected this long, the swe
                                      its holes listed (exit code 4)
 max_transport_retries      3         attempts of one trial lost to transport or daemon errors in
                                      one sweep before it is left as a hole (exit code 3)
+artifact_drain_s           60.0      once every result is in, how long the sweep still waits for
+                                     artifacts in flight (logs, samples; it ends sooner when
+                                     uploads are quiet); the rest stay spooled on the nodes
 =========================  ========  ==========================================================
 """
 
@@ -49,6 +52,8 @@ class FleetSettings(BaseModel):
     suspect_after_missed: int = Field(3, ge=1, le=100)
     daemon_wait_s: float = Field(300.0, gt=0, le=7 * 86_400)
     max_transport_retries: int = Field(3, ge=1, le=100)
+    #: How long a sweep whose results are all in still waits for artifacts in flight (coordinator.artifact_sink).
+    artifact_drain_s: float = Field(60.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _ttl_covers_heartbeats(self) -> FleetSettings:

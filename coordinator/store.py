@@ -347,6 +347,13 @@ class Store:
         ).fetchone()
         return (row["status"], row["submission_id"]) if row else None
 
+    def attempt_key_id(self, trial_id: str, attempt: int) -> str | None:
+        """The key id of the daemon the attempt was granted to (running or finished); None: no such
+        attempt, or none recorded."""
+        row = self._conn.execute("SELECT daemon_key_id FROM attempts WHERE trial_id=? AND attempt=?",
+                                 (trial_id, attempt)).fetchone()
+        return row["daemon_key_id"] if row else None
+
     def record_transition(self, trial_id: str | None, attempt: int | None, batch_id: str, phase: str, detail: str = "") -> None:
         self._conn.execute(
             "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,?,?,?,?)",

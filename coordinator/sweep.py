@@ -30,6 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
+from coordinator.artifact_sink import ArtifactSink, SinkPolicy
 from coordinator.control import (
     Accept,
     BeginAttempts,
@@ -40,6 +41,7 @@ from coordinator.control import (
     Instruction,
     NoDaemon,
     Notice,
+    ReceiveArtifact,
     Refused,
     Send,
     Transition,
@@ -260,6 +262,7 @@ class SweepRunner:
         self._dataset_dirty = False
         self._dataset_next = 0.0
         self.keys: SweepKeys | None = None
+        self.artifacts: ArtifactSink | None = None
         self._dataset_writer: DatasetWriter | None = None
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
@@ -282,8 +285,12 @@ class SweepRunner:
             try:
                 self.store = store = Store.open(folder)
                 try:
+                    self.artifacts = ArtifactSink(folder, store, SinkPolicy(
+                        quiet_s=max(1.0, 2 * self.fleet.heartbeat_interval_s), drain_max_s=self.fleet.artifact_drain_s))
                     return self._run_with_store(store, folder, existed, endpoint)
                 finally:
+                    if self.artifacts is not None:
+                        self.artifacts.close()
                     store.close()
             finally:
                 endpoint.close()
@@ -467,8 +474,11 @@ class SweepRunner:
         if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
             self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
             self.store.defer_result_files = True  # the writer writes them; the store's close any left
+        finished_at: float | None = None
         try:
-            while not core.finished:
+            while not core.finished or self._draining_artifacts(finished_at):
+                if core.finished and finished_at is None:
+                    finished_at = time.monotonic()
                 got = endpoint.recv(int(tick_every * 1000))
                 drained = True
                 if got is not None:
@@ -481,6 +491,8 @@ class SweepRunner:
                     self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
                     self._flush_dataset()
                 if self.child is not None and self.child.poll() is not None:
+                    if core.finished:
+                        break  # told there is no more work, it finished its uploads and left: nothing more comes
                     code = self.child.returncode
                     if self.child_daemon_id:
                         self._execute(endpoint, core.daemon_lost(self.child_daemon_id,
@@ -497,6 +509,13 @@ class SweepRunner:
                     self.store.defer_result_files = False
                     self.store.settle_result_files()  # the files it did not get to, before anyone reads them
 
+    def _draining_artifacts(self, finished_at: float | None) -> bool:
+        """Every result is in: go on while artifacts are still arriving (:mod:`coordinator.artifact_sink`)."""
+        if self.artifacts is None or (self.core is not None and self.core.stopping):
+            return False
+        now = time.monotonic()
+        return self.artifacts.draining(now, now if finished_at is None else finished_at)
+
     def _tick(self, endpoint: RouterEndpoint, deferred: list[Instruction]) -> None:
         """The periodic step: keys removed from the allow-list cut their daemons' sessions (their
         leases fenced), then the core's tick (silence, expiry, waiting READYs)."""
@@ -505,6 +524,8 @@ class SweepRunner:
         for key in endpoint.gate.take_removed():
             self._execute(endpoint, core.revoke_key(key, f"key {key_id(key)} removed from the allow-list"), deferred)
         self._execute(endpoint, core.tick(), deferred)
+        if self.artifacts is not None:
+            self.artifacts.expire(time.monotonic())
 
     def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message, str]) -> bool:
         """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).
@@ -541,7 +562,9 @@ class SweepRunner:
 
     def _grouped(self, endpoint: RouterEndpoint, run: Callable[[list[Instruction]], None]) -> None:
         """``run(deferred)`` inside one store transaction, collecting its sends in ``deferred``;
-        after the COMMIT (every result of it durable), send them in order and write the result files.
+        after the COMMIT (every result of it durable), send them in order and write the result files;
+        then the artifact messages of the group (chunk writes and their fsyncs never hold up the
+        group's commit or its ACKs).
         An exception from ``run`` (the local daemon left, Ctrl-C, a store refusal) comes after what
         the core already handled: that is committed and answered, then the exception goes on."""
         store = self.store
@@ -553,8 +576,9 @@ class SweepRunner:
                 run(deferred)
             except BaseException as exc:
                 stopped = exc
-        self._execute(endpoint, deferred)
+        self._execute(endpoint, [ins for ins in deferred if not isinstance(ins, ReceiveArtifact)])
         store.write_result_files()
+        self._execute(endpoint, [ins for ins in deferred if isinstance(ins, ReceiveArtifact)])
         if stopped is not None:
             raise stopped
 
@@ -589,8 +613,12 @@ class SweepRunner:
         store, progress, core = self.store, self.progress, self.core
         assert store is not None and progress is not None and core is not None
         for ins in instructions:
-            if isinstance(ins, Send) and deferred is not None:
+            if isinstance(ins, (Send, ReceiveArtifact)) and deferred is not None:
                 deferred.append(ins)
+            elif isinstance(ins, ReceiveArtifact):
+                if self.artifacts is not None:
+                    for reply in self.artifacts.handle(ins, time.monotonic()):
+                        endpoint.send(ins.daemon_id, reply)
             elif isinstance(ins, Send):
                 if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):
                     self._execute(endpoint, core.daemon_lost(ins.daemon_id, f"could not reach daemon {ins.daemon_id}"))

@@ -22,6 +22,13 @@ reports the batch done and the daemon asks for new work. A :class:`~daemon.sessi
 closes the socket at once (linger 0) and opens a new DEALER with the same routing id after the
 delay, ticking meanwhile so leases still fence on time.
 
+Artifacts: a :class:`~daemon.artifact_sender.SpoolSender` runs beside the session: the batch
+runner spools each finished attempt's artifacts (:mod:`daemon.artifact_spool`), the loop offers
+and sends them paced (one step per iteration, after the session's own sends), ARTIFACT_* replies go
+to it, never to the session. A SHUTDOWN that comes while uploads are in flight is held (the session
+goes on heartbeating; every upload offers again at once) until they finish, for at most
+:data:`UPLOAD_FINISH_S`, or until the coordinator has not answered them for :data:`UPLOAD_QUIET_S`.
+
 Stopping (SHUTDOWN, SIGINT, SIGTERM, the parent dying with ``--exit-with-parent``, the
 coordinator lost) aborts the running batch (its vLLM's process group is killed, nothing more is
 submitted for it), says BYE, and :meth:`DaemonAgent.run` returns the exit code.
@@ -46,6 +53,9 @@ from types import FrameType
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from daemon.artifact_sender import SpoolSender
+from daemon.artifact_spool import ArtifactSpool
+from daemon.artifact_upload import PacingPolicy
 from daemon.batch import UNSTAMPED, BatchContext, BatchRunner, Emit
 from daemon.fingerprint import collect_fingerprint
 from daemon.session import (
@@ -55,14 +65,17 @@ from daemon.session import (
     Instruction,
     Log,
     Outgoing,
+    OutMessage,
     Reconnect,
     Send,
     StartBatch,
 )
+from servetune.artifact_messages import ArtifactMissing, ArtifactRefused, ArtifactStored, ToCoordinator
+from servetune.artifacts import CHUNK_SIZE
 from servetune.errors import ProtocolError
 from servetune.exitcodes import ExitCode
 from servetune.keys import KeyPair
-from servetune.messages import BatchError, Capabilities, Grant, decode, encode
+from servetune.messages import BatchError, Capabilities, Grant, Shutdown, decode, encode
 from servetune.wire import configure_dealer
 
 log = logging.getLogger(__name__)
@@ -74,6 +87,11 @@ POLL_MS = 100
 TRACEBACK_LINES = 40
 #: How long stopping waits for the batch worker (a vLLM server gets 20 s to stop, then SIGKILL).
 WORKER_JOIN_S = 60.0
+#: How long a SHUTDOWN waits while this daemon's artifact uploads finish (the session goes on meanwhile)...
+UPLOAD_FINISH_S = 30.0
+#: ... and how long without an answer to them or a chunk sent (at least; four heartbeat intervals if
+#: longer) ends it sooner.
+UPLOAD_QUIET_S = 2.0
 #: How long the last close waits to deliver the BYE (milliseconds; the socket's own LINGER is 0).
 FINAL_LINGER_MS = 500
 _ERROR_CHARS = 4000
@@ -94,6 +112,10 @@ class DaemonOptions:
     api_key_envs: tuple[str, ...] = ()
     daemon_id: str | None = None
     coordinator_lost_s: float = 300.0
+    #: Artifact upload pacing: raw chunk bytes per heartbeat interval (``--upload-bytes-per-interval``).
+    upload_bytes_per_interval: int = PacingPolicy.bytes_per_interval
+    #: Chunk size of the artifacts this daemon spools (``--artifact-chunk-size``).
+    artifact_chunk_size: int = CHUNK_SIZE
 
 
 def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None]:
@@ -189,6 +211,8 @@ class DaemonAgent:
         self._reopen_at = 0.0
         self._exit: Exit | None = None
         self._worker: BatchWorker | None = None
+        self._sender: SpoolSender | None = None
+        self._shutdown: tuple[Shutdown, float] | None = None  # held while uploads finish
 
     # ------------------------------------------------------------------ stopping
 
@@ -215,9 +239,11 @@ class DaemonAgent:
         fingerprint = collect_fingerprint(self.opts.vllm_python)
         log.info("daemon %s on %s; vLLM cores %s, daemon cores %s", self.daemon_id, fingerprint.hardware_class,
                  server_cpus, client_cpus)
+        spool = ArtifactSpool.for_workdir(self.opts.workdir, self.opts.artifact_chunk_size)
+        self._sender = SpoolSender(spool, PacingPolicy(bytes_per_interval=self.opts.upload_bytes_per_interval))
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
                            vllm_python=self.opts.vllm_python, vllm_launch=self.opts.vllm_launch,
-                           api_key_envs=frozenset(self.opts.api_key_envs))
+                           api_key_envs=frozenset(self.opts.api_key_envs), spool=spool)
         runner = self._runner_factory(ctx, self._outbox.put, self.stop)
         self._worker = BatchWorker(runner, self._outbox)
         self._worker.start()
@@ -247,6 +273,7 @@ class DaemonAgent:
                 self._execute(session.on_stop_requested(self.stop_reason or "stop requested", self._clock()))
             if self._exit is not None:
                 return
+            self._upload(session)
             if self._sock is None:
                 wait = self._reopen_at - self._clock()
                 if wait > 0:
@@ -284,7 +311,40 @@ class DaemonAgent:
             except ProtocolError as exc:
                 log.warning("dropping malformed message from the coordinator: %s", exc)
                 continue
-            self._execute(session.on_message(msg, self._clock()))
+            if isinstance(msg, (ArtifactMissing, ArtifactStored, ArtifactRefused)):
+                assert self._sender is not None
+                self._send_all(self._sender.on_message(msg, self._clock()))
+            elif isinstance(msg, Shutdown) and self._sender is not None and self._sender.busy:
+                if self._shutdown is None:
+                    log.info("SHUTDOWN (%s): finishing artifact uploads first (up to %.0f s)", msg.reason,
+                             UPLOAD_FINISH_S)
+                    self._shutdown = (msg, self._clock())
+                    self._send_all(self._sender.reoffer(self._clock()))
+            else:
+                self._execute(session.on_message(msg, self._clock()))
+
+    def _upload(self, session: DaemonSession) -> None:
+        """The artifact uploads beside the session (:mod:`daemon.artifact_sender`): paced chunks, offers."""
+        if self._sender is None:
+            return
+        now = self._clock()
+        if self._sock is not None:
+            self._send_all(self._sender.step(session.nonce, session.welcomed, session.heartbeat_interval_s, now))
+        if self._shutdown is None:
+            return
+        held = now - self._shutdown[1]
+        quiet = now - max(self._shutdown[1], self._sender.last_progress)
+        if not self._sender.busy or held > UPLOAD_FINISH_S or quiet > max(UPLOAD_QUIET_S,
+                                                                         4 * session.heartbeat_interval_s):
+            if self._sender.busy:
+                log.warning("artifact uploads unfinished after %.1f s (%.1f s without an answer); they stay "
+                            "spooled in %s", held, quiet, self._sender.spool.root)
+            msg, self._shutdown = self._shutdown[0], None
+            self._execute(session.on_message(msg, now))
+
+    def _send_all(self, msgs: list[ToCoordinator]) -> None:
+        for msg in msgs:
+            self._send_msg(msg)
 
     # ------------------------------------------------------------------ instructions
 
@@ -309,15 +369,18 @@ class DaemonAgent:
                     session_log.log(ins.level, "%s", ins.text)
 
     def _send(self, ins: Send) -> None:
+        self._send_msg(ins.msg)
+
+    def _send_msg(self, msg: OutMessage | ToCoordinator) -> None:
         if self._sock is None:
-            log.debug("not connected: %s not sent", ins.msg.type)
+            log.debug("not connected: %s not sent", msg.type)
             return
         try:
-            self._sock.send(encode(ins.msg), zmq.NOBLOCK)
+            self._sock.send(encode(msg), zmq.NOBLOCK)
         except ProtocolError as exc:
-            log.error("cannot send %s: %s", ins.msg.type, exc)
+            log.error("cannot send %s: %s", msg.type, exc)
         except zmq.ZMQError as exc:
-            log.warning("cannot send %s: %s", ins.msg.type, exc)
+            log.warning("cannot send %s: %s", msg.type, exc)
 
     # ------------------------------------------------------------------ socket
 

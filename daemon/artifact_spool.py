@@ -8,10 +8,11 @@ the artifacts not yet confirmed, so a daemon restarted on the node still knows w
 Uploads read their chunks from here (:meth:`ArtifactSpool.source`), never from a log that has
 moved on since.
 
-Not wired yet: nothing sends the spool (the ARTIFACT_* messages are not in the protocol union),
-so :meth:`ArtifactSpool.mark_stored` has no caller outside tests, and blobs are never deleted
-(retention comes with the blob store's delete). A daemon uses a spool only when its
-:class:`~daemon.batch.BatchContext` is given one.
+The daemon's agent (:mod:`daemon.agent`) uploads what is pending (:mod:`daemon.artifact_upload`)
+and calls :meth:`ArtifactSpool.mark_stored` when the coordinator answers ARTIFACT_STORED; it
+notices new artifacts by :attr:`ArtifactSpool.changes`. Blobs are never deleted (retention comes
+with the blob store's delete). A daemon uses a spool only when its
+:class:`~daemon.batch.BatchContext` is given one (``daemon start`` always gives it one).
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from servetune.artifacts import ArtifactKind, ArtifactManifest, StoreChunks, load_manifest, put_bytes, put_file
+from servetune.artifacts import (
+    CHUNK_SIZE,
+    ArtifactKind,
+    ArtifactManifest,
+    StoreChunks,
+    load_manifest,
+    put_bytes,
+    put_file,
+)
 from servetune.blobs import LocalBlobStore
 from servetune.errors import ServetuneError
 
@@ -39,26 +48,32 @@ class SpooledArtifact:
 
 
 class ArtifactSpool:
-    """See the module docstring. One daemon process owns a spool (appends are not locked)."""
+    """See the module docstring. One daemon process owns a spool (appends are not locked).
+    ``chunk_size``: the chunk size of new artifacts (``daemon start --artifact-chunk-size``)."""
 
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE):
         self.root = Path(root)
         self.store = LocalBlobStore(self.root / "blobs")
+        self.chunk_size = chunk_size
+        #: Incremented by every artifact added (another thread may read it to notice new artifacts).
+        self.changes = 0
 
     @classmethod
-    def for_workdir(cls, workdir: str | os.PathLike[str]) -> ArtifactSpool:
-        return cls(Path(workdir) / "artifacts")
+    def for_workdir(cls, workdir: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE) -> ArtifactSpool:
+        return cls(Path(workdir) / "artifacts", chunk_size)
 
     def add_file(self, trial_id: str, attempt: int, path: str | os.PathLike[str], kind: ArtifactKind,
                  name: str | None = None) -> ArtifactManifest:
         """Snapshot a file (its bytes as of now) as an artifact of the attempt."""
-        manifest = put_file(self.store, path, kind, name)
+        manifest = put_file(self.store, path, kind, name, self.chunk_size)
         self._append({"trial_id": trial_id, "attempt": attempt, "manifest": manifest.digest()})
+        self.changes += 1
         return manifest
 
     def add_bytes(self, trial_id: str, attempt: int, data: bytes, kind: ArtifactKind, name: str) -> ArtifactManifest:
-        manifest = put_bytes(self.store, data, name, kind)
+        manifest = put_bytes(self.store, data, name, kind, self.chunk_size)
         self._append({"trial_id": trial_id, "attempt": attempt, "manifest": manifest.digest()})
+        self.changes += 1
         return manifest
 
     def mark_stored(self, trial_id: str, attempt: int, manifest_sha256: str) -> None:

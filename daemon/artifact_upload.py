@@ -214,6 +214,9 @@ class Uploads:
     def __len__(self) -> int:
         return len(self._uploads)
 
+    def __contains__(self, key: tuple[str, int, str]) -> bool:
+        return key in self._uploads
+
     def on_message(self, msg: ToDaemon, now: float) -> list[ToCoordinator]:
         upload = self._uploads.get((msg.trial_id, msg.epoch, msg.manifest_sha256))
         out = upload.on_message(msg, now) if upload else []

@@ -62,6 +62,32 @@ class _Cancel(threading.Event):
         return super().is_set() or self._daemon_stop.is_set()
 
 
+class BatchLog(logging.Handler):
+    """The daemon's log lines of one batch (records of the ``daemon`` loggers from the thread that
+    runs it, at most :attr:`MAX_CHARS`, then the rest dropped): spooled with each attempt as its
+    ``client_log`` artifact ``batch.log``."""
+
+    MAX_CHARS = 1024 * 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+        self._parts: list[str] = []
+        self._chars = 0
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self._thread or self._chars >= self.MAX_CHARS:
+            return
+        line = self.format(record) + "\n"
+        self._parts.append(line)
+        self._chars += len(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+
 @dataclass
 class BatchContext:
     workdir: Path
@@ -95,6 +121,7 @@ class BatchRunner:
         self._lock = threading.Lock()
         self._cancel: threading.Event = _Cancel(stop)  # of the batch running now
         self._batch_id: str | None = None
+        self._batch_log = BatchLog()
 
     def abort(self, batch_id: str | None = None) -> None:
         """Cancel batch ``batch_id`` (any batch when None) if it is the one running: its load stops,
@@ -138,9 +165,13 @@ class BatchRunner:
         bug of the daemon's own code; the caller reports it (BATCH_ERROR)."""
         with self._lock:
             self._cancel, self._batch_id = _Cancel(self.stop), grant.batch_id
+        self._batch_log = BatchLog()
+        owner = logging.getLogger("daemon")
+        owner.addHandler(self._batch_log)
         try:
             self._run(grant)
         finally:
+            owner.removeHandler(self._batch_log)
             with self._lock:
                 self._batch_id = None
 
@@ -310,14 +341,16 @@ class BatchRunner:
 
     def _keep_artifacts(self, trial: GrantedTrial, server: ServerInfo | None,
                         samples: list[RequestSample] | None = None, series: list[dict[str, float]] | None = None) -> None:
-        """Snapshot a finished attempt's artifacts (server log as it stands, raw samples, metric
-        series) into the daemon's spool, when it has one. Never fails the trial: a spool that
+        """Snapshot a finished attempt's artifacts (server log and the batch's daemon log lines as
+        they stand, raw samples, metric series) into the daemon's spool, when it has one. Never fails the trial: a spool that
         cannot be written is logged."""
         spool = self.ctx.spool
         if spool is None:
             return
         tid, attempt = trial.trial_id, trial.attempt
         try:
+            if self._batch_log.text:
+                spool.add_bytes(tid, attempt, self._batch_log.text.encode("utf-8"), "client_log", "batch.log")
             if server is not None and server.log_path and Path(server.log_path).is_file():
                 spool.add_file(tid, attempt, server.log_path, "server_log", "server.log")
             if samples:

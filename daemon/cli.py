@@ -38,13 +38,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import TypeAdapter, ValidationError
 
 from daemon import keys_cmd
+from servetune.artifacts import CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from servetune.errors import ServetuneError
 from servetune.exitcodes import ExitCode
 from servetune.keys import (
@@ -93,6 +94,19 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
     return value
+
+
+def _byte_count(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high} bytes, got {text!r}")
+        return value
+
+    return parse
 
 
 def _endpoint(text: str) -> str:
@@ -165,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
                        help="exit with code 6 after this long without a word from the coordinator, including "
                             "when it never answers the first HELLO (default: %(default)g)")
+    start.add_argument("--upload-bytes-per-interval", type=_byte_count(1, 1024**3), default=4 * CHUNK_SIZE,
+                       metavar="BYTES",
+                       help="artifact upload pacing: chunk bytes sent per heartbeat interval, so uploads never "
+                            "stall heartbeats (default: %(default)d, 1 MiB/s at a 1 s interval; lower it for a slow "
+                            "link; below the chunk size, one chunk per interval)")
+    start.add_argument("--artifact-chunk-size", type=_byte_count(MIN_CHUNK_SIZE, MAX_CHUNK_SIZE), default=CHUNK_SIZE,
+                       metavar="BYTES",
+                       help="chunk size of the artifacts this daemon spools and uploads (logs, samples; default: "
+                            "%(default)d; a smaller one resends less after an interrupted upload)")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny model into OUT_DIR")
@@ -266,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         server_cpus=args.server_cpus,
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
         api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
-        coordinator_lost_s=args.coordinator_lost,
+        coordinator_lost_s=args.coordinator_lost, upload_bytes_per_interval=args.upload_bytes_per_interval,
+        artifact_chunk_size=args.artifact_chunk_size,
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:

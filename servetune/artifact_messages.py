@@ -1,8 +1,8 @@
-"""Wire messages of the artifact upload (daemon -> coordinator), apart from the protocol's union for now.
+"""Wire messages of the artifact upload (daemon -> coordinator), members of the protocol's ``Message`` union.
 
 They follow the rules of :mod:`servetune.messages` (one JSON frame, validated, bounded, never
-pickled; ``extra="forbid"``) and are meant to join its ``Message`` union when the upload is wired
-into the protocol; until then :func:`decode` reads only these. Flow, per artifact of one attempt::
+pickled; ``extra="forbid"``), which decodes and encodes them with every other message (protocol
+version 3). Flow, per artifact of one attempt::
 
     daemon                                          coordinator
     ARTIFACT_OFFER(trial, epoch, manifest)       ->
@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import Field, TypeAdapter, ValidationError, field_serializer, field_validator
+from pydantic import Field, field_serializer, field_validator
 
 from servetune.artifacts import MAX_CHUNK_SIZE, MAX_CHUNKS, ArtifactManifest, Digest
-from servetune.errors import ProtocolError
-from servetune.messages import Id, Text, _Msg, encode
-from servetune.wire import MAX_MESSAGE_BYTES
+from servetune.bounds import Id, Text
+from servetune.bounds import WireModel as _Msg
 
 _MAX_B64 = 4 * -(-MAX_CHUNK_SIZE // 3)
 #: The largest ARTIFACT_CHUNK frame: base64 of the largest chunk plus its envelope (ids, digests).
 CHUNK_MESSAGE_BYTES = _MAX_B64 + 2048
-__all__ = ["encode"]  # re-exported from servetune.messages: the same frames, one encoder
 
 RefusalReason = Literal[
     "unknown_attempt",  # not an attempt of this daemon's (the control core decides)
@@ -43,6 +41,7 @@ RefusalReason = Literal[
     "not_requested",    # a chunk no open MISSING asked for (e.g. from before a coordinator restart)
     "bad_chunk",        # a chunk whose bytes do not hash to its digest or are not its manifest's length
     "bad_file",         # all chunks arrived but they do not make the manifest's file
+    "store_failed",     # the coordinator could not write it (disk full, I/O error): offer again later
 ]
 
 
@@ -111,25 +110,5 @@ class ArtifactRefused(_AboutUpload):
     final: bool
 
 
-ArtifactMessage = Annotated[
-    Union[ArtifactOffer, ArtifactChunk, ArtifactMissing, ArtifactStored, ArtifactRefused],
-    Field(discriminator="type"),
-]
 ToCoordinator = Union[ArtifactOffer, ArtifactChunk]
 ToDaemon = Union[ArtifactMissing, ArtifactStored, ArtifactRefused]
-_ADAPTER: TypeAdapter[ArtifactMessage] = TypeAdapter(ArtifactMessage)
-
-
-def decode(frame: bytes) -> ArtifactMessage:
-    """Parse and validate one artifact frame (:func:`servetune.messages.encode` writes them).
-
-    Raises:
-        ProtocolError: over the frame bound, or invalid (the reason names the field).
-    """
-    if len(frame) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"frame of {len(frame)} bytes is over the {MAX_MESSAGE_BYTES}-byte bound")
-    try:
-        return _ADAPTER.validate_json(frame)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        raise ProtocolError("invalid message at {}: {}".format(".".join(map(str, err["loc"])), err["msg"])) from None

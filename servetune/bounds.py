@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 #: SQLite's INTEGER range (signed 64-bit).
 INT64_MIN = -(2**63)
@@ -63,3 +63,10 @@ MAX_GPUS = 1024
 
 #: The model config of every wire model: unknown fields refused, no NaN/infinity anywhere.
 WIRE_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class WireModel(BaseModel):
+    """The base of every wire message (:mod:`servetune.messages`, :mod:`servetune.artifact_messages`):
+    every field bounded, unknown fields refused, frozen."""
+
+    model_config = ConfigDict(**WIRE_CONFIG, frozen=True)

@@ -7,7 +7,8 @@ SQLite's signed 64-bit range, finite floats, bounded strings and lists), on both
 coordinator decodes daemon messages and the daemon decodes coordinator messages with the same models.
 What a RESULT claims is judged after decoding (:mod:`servetune.plausibility`).
 
-Flow (protocol version 2)::
+Flow (protocol version 3; version 2 had no ARTIFACT_* messages, and a peer of either version
+refuses the other's HELLO/WELCOME)::
 
     daemon                                   coordinator
     HELLO(daemon_id, session, seq, held)  ->
@@ -24,6 +25,10 @@ Flow (protocol version 2)::
     BATCH_ERROR(session, batch, epoch, error, traceback_tail) ->   our daemon code crashed
     BYE(session, reason)                  ->
                                           <- REJOIN(session, reason)   to a message of an unknown session
+    ARTIFACT_OFFER(session, trial, epoch, manifest) ->   after the RESULT, per artifact of the attempt
+                                          <- ARTIFACT_MISSING(chunk digests) | ARTIFACT_STORED | ARTIFACT_REFUSED
+    ARTIFACT_CHUNK(session, trial, epoch, manifest digest, sha256, data) ->   only chunks MISSING named, paced
+                                          <- ARTIFACT_STORED (file whole and verified) | ARTIFACT_REFUSED
 
 Rules both sides keep:
 
@@ -48,6 +53,16 @@ Rules both sides keep:
   (revoked, re-granted, never granted to this daemon) gets STALE. A daemon re-sends results not
   yet answered after every WELCOME. Only the coordinator decides that an attempt failed as
   ``transport``: a RESULT claiming it is refused at validation.
+- **Artifacts** (:mod:`servetune.artifact_messages` has the models and the per-artifact flow): a
+  finished attempt's server log, raw samples and metric series, content-addressed in sha256
+  chunks. An offer or chunk is judged like a RESULT (a live session, under its own key); the
+  coordinator takes it only for an attempt granted to that daemon's key, running or finished,
+  asks for the chunks its store lacks, verifies each on write and the whole file at the end, and
+  never lets a chunk it did not ask for in. The daemon keeps the artifact (its spool) until
+  ARTIFACT_STORED, offers everything again after every WELCOME (so an upload cut by a reconnect,
+  a daemon restart or a coordinator restart resumes with the missing chunks only), and paces
+  chunks to at most a configured number of bytes per heartbeat interval, so they never stall
+  heartbeats. Raw samples also still travel inside RESULT.
 - A GRANT is work for the daemon's own configured vLLM: it carries engine args and environment,
   never a command line to run (``BackendSpec`` has no such field; one named in a GRANT is refused
   at decode) and never a secret (for the ``openai`` backend, the *name* of the node's environment
@@ -58,12 +73,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
+from servetune.artifact_messages import (
+    ArtifactChunk,
+    ArtifactMissing,
+    ArtifactOffer,
+    ArtifactRefused,
+    ArtifactStored,
+)
 from servetune.bounds import (
     ID_MAX_CHARS,
     MAX_LEASES,
-    WIRE_CONFIG,
     Count,
     Epoch,
     Id,
@@ -71,6 +92,7 @@ from servetune.bounds import (
     LongText,
     PosFinite,
     Text,
+    WireModel,
 )
 from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
@@ -78,7 +100,7 @@ from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import BackendSpec, Budgets, ModelSpec
 from servetune.wire import MAX_MESSAGE_BYTES
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: Re-exported: MAX_MESSAGE_BYTES from servetune.wire; the bounded types from servetune.bounds.
 __all__ = ["ID_MAX_CHARS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSION", "Id", "Text", "valid_id"]
 
@@ -87,11 +109,7 @@ Phase = Literal[
 ]
 
 
-class _Msg(BaseModel):
-    """Every field bounded (:mod:`servetune.bounds`): SQLite-range integers, finite floats, bounded
-    strings and lists; unknown fields refused."""
-
-    model_config = ConfigDict(**WIRE_CONFIG, frozen=True)
+_Msg = WireModel  # every field bounded (servetune.bounds); unknown fields refused
 
 
 _ID_ADAPTER: TypeAdapter[str] = TypeAdapter(Id)
@@ -277,14 +295,15 @@ class Bye(_Msg):
 Message = Annotated[
     Union[
         Hello, Welcome, Rejoin, Ready, Grant, NoWork, Shutdown, State, Result, BatchError, Ack, Stale, Conflict,
-        Heartbeat, Renewed, Revoked, Bye,
+        Heartbeat, Renewed, Revoked, Bye, ArtifactOffer, ArtifactChunk, ArtifactMissing, ArtifactStored,
+        ArtifactRefused,
     ],
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 
 
-def encode(msg: _Msg) -> bytes:
+def encode(msg: WireModel) -> bytes:
     """Serialize a message to one JSON frame; refuses frames over the size bound."""
     data = msg.model_dump_json().encode("utf-8")
     if len(data) > MAX_MESSAGE_BYTES:

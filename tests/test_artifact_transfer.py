@@ -16,6 +16,7 @@ import pytest
 from coordinator.artifact_receiver import ArtifactReceiver, ReceiverPolicy, StoredArtifact
 from daemon.artifact_upload import Pacer, PacingPolicy, Uploads
 from servetune import artifact_messages as am
+from servetune import messages as wire_messages
 from servetune.artifacts import CHUNK_SIZE, ArtifactManifest, BytesChunks, FileChunks, assemble, manifest_for_file
 from servetune.blobs import LocalBlobStore, sha256_hex
 
@@ -38,19 +39,19 @@ class Link:
         for m in msgs:
             if isinstance(m, am.ArtifactChunk):
                 self.sent_chunks.append((self.now, m))
-            self.to_coordinator.append(am.encode(m))
+            self.to_coordinator.append(wire_messages.encode(m))
 
     def deliver(self) -> None:
         """Hand every queued frame to the receiver, and its answers back to the uploads."""
         while self.to_coordinator:
-            msg = am.decode(self.to_coordinator.pop(0))
+            msg = wire_messages.decode(self.to_coordinator.pop(0))
             if self.drop(msg):
                 continue
             assert isinstance(msg, (am.ArtifactOffer, am.ArtifactChunk))
             out = self.receiver.handle(msg, self.now)
             self.stored += out.stored
             for reply in out.replies:
-                back = am.decode(am.encode(reply))
+                back = wire_messages.decode(wire_messages.encode(reply))
                 assert isinstance(back, (am.ArtifactMissing, am.ArtifactStored, am.ArtifactRefused))
                 self.replies.append(back)
                 if not self.drop(back):

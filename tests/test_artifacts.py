@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from servetune import artifact_messages as am
+from servetune import messages as wire_messages
 from servetune.artifact_index import (
     ArtifactConflictError,
     ArtifactIndex,
@@ -197,14 +198,14 @@ def test_the_largest_chunk_and_manifest_messages_fit_far_under_the_frame_bound()
     data = os.urandom(MAX_CHUNK_SIZE)
     chunk = am.ArtifactChunk(session_nonce="s" * 200, trial_id="t" * 200, epoch=2**62,
                              manifest_sha256=sha256_hex(b""), sha256=sha256_hex(data), data=data)
-    frame = am.encode(chunk)
+    frame = wire_messages.encode(chunk)
     assert len(frame) <= am.CHUNK_MESSAGE_BYTES < MAX_MESSAGE_BYTES // 16
-    assert am.decode(frame) == chunk
-    default = am.encode(chunk.model_copy(update={"data": data[:CHUNK_SIZE]}))
+    assert wire_messages.decode(frame) == chunk
+    default = wire_messages.encode(chunk.model_copy(update={"data": data[:CHUNK_SIZE]}))
     assert len(default) < 360 * 1024  # what a heartbeat can queue behind
     manifest = ArtifactManifest(name="samples.jsonl", kind="samples", size=MAX_CHUNKS * CHUNK_SIZE,
                                 sha256=sha256_hex(b""), chunks=[sha256_hex(b"%d" % i) for i in range(MAX_CHUNKS)])
-    offer = am.encode(am.ArtifactOffer(session_nonce="s", trial_id="t", epoch=1, manifest=manifest))
+    offer = wire_messages.encode(am.ArtifactOffer(session_nonce="s", trial_id="t", epoch=1, manifest=manifest))
     assert len(offer) < 1024 * 1024
 
 
@@ -213,7 +214,7 @@ def test_chunk_data_that_is_not_bounded_base64_is_refused(data: str) -> None:
     frame = ('{"type":"ARTIFACT_CHUNK","session_nonce":"s","trial_id":"t","epoch":1,'
              f'"manifest_sha256":"{"a" * 64}","sha256":"{"b" * 64}","data":{data}}}')
     with pytest.raises(ProtocolError, match="data"):
-        am.decode(frame.encode())
+        wire_messages.decode(frame.encode())
 
 
 # ---------------------------------------------------------------------------------- the index
