@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from benchmarks.loadgen.procs import Child
 
@@ -151,7 +152,30 @@ def summarize_log(events: list[LogEvent]) -> LogSummary:
     return out
 
 
-class ProcSampler:
+_S = TypeVar("_S", bound="_Sampler")
+
+
+class _Sampler:
+    """A daemon thread running ``_run`` (which loops until ``_stop`` is set) between start() and stop()."""
+
+    def __init__(self, name: str) -> None:
+        self._hz = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self: _S) -> _S:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class ProcSampler(_Sampler):
     """Samples a process's VmRSS and VmHWM (``/proc/PID/status``) every ``tick_s`` until stopped;
     the last VmHWM read before it exits is its peak resident set."""
 
@@ -163,17 +187,7 @@ class ProcSampler:
         self.hwm_mib = 0.0
         self.children_hwm_mib = 0.0  # its child processes (the results.nc writer): sum of their VmHWM, peak
         self.threads_cpu_s: dict[str, float] = {}  # thread name (tid) -> CPU-seconds, last read
-        self._hz = os.sysconf("SC_CLK_TCK")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"mem-sampler-{pid}", daemon=True)
-
-    def start(self) -> ProcSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
+        super().__init__(f"mem-sampler-{pid}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -231,7 +245,7 @@ class ProcSampler:
         return max(xs) if xs else None
 
 
-class MachineCPU:
+class MachineCPU(_Sampler):
     """Samples the whole machine's busy CPU-seconds (``/proc/stat``, all cores) every ``tick_s``, so
     that what other processes used during a run's steady span can be told apart from our two."""
 
@@ -239,17 +253,7 @@ class MachineCPU:
         self.tick_s = tick_s
         self.mono: list[float] = []
         self.busy_s: list[float] = []
-        self._hz = os.sysconf("SC_CLK_TCK")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="machine-cpu-sampler", daemon=True)
-
-    def start(self) -> MachineCPU:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
+        super().__init__("machine-cpu-sampler")
 
     def _run(self) -> None:
         while not self._stop.is_set():
