@@ -239,6 +239,10 @@ class ControlCore:
         self._no_daemon_reported = False
         self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
         self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
+        #: Admission control, set by the adapter before each pass: how many more GRANTs this pass
+        #: may make (None: no limit). A READY that finds work but no budget waits, as one that
+        #: finds none, and is granted by a later pass or tick with budget (see :data:`GRANTS_PER_PASS`).
+        self.grant_budget: int | None = None
         for orphan in self.orphans:
             lease = Lease(
                 batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
@@ -365,6 +369,8 @@ class ControlCore:
                 out.append(Send(daemon_id, Shutdown(reason="no more work")))
                 continue
             if self.queue:
+                if not self._may_grant():
+                    continue  # work is there, this pass's budget is not: it stays waiting, unanswered
                 work = self._take(d.hardware_class)
                 if work is not None:
                     del self.waiting[daemon_id]
@@ -487,7 +493,17 @@ class ControlCore:
         return out
 
     def _ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction]:
-        self.waiting.pop(d.daemon_id, None)  # a newer READY replaces one still waiting
+        out = self._answer_ready(d, msg, now)
+        if out is not None:
+            self.waiting.pop(d.daemon_id, None)  # answered: nothing of it waits any more
+            return out
+        # No work for it now (or no budget this pass): it waits. A newer READY replaces one still
+        # waiting in its place in the queue (oldest first), so asking again never sends it back.
+        self.waiting[d.daemon_id] = WaitingReady(msg.seq, d.session_nonce, now + self.settings.heartbeat_interval_s)
+        return []
+
+    def _answer_ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction] | None:
+        """What answers ``msg`` now, or None when it must wait for work."""
         out: list[Instruction] = []
         held = {(r.trial_id, r.epoch) for r in msg.held}
         for lease in self.leases.held_by(d.daemon_id):
@@ -503,16 +519,20 @@ class ControlCore:
                 return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
         if out:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
-        work = self._take(d.hardware_class)
+        work = self._take(d.hardware_class) if self._may_grant() else None
         if work is None:
             if self.stopping or self.finished:
                 return [Send(d.daemon_id, Shutdown(reason="no more work"))]
-            self.waiting[d.daemon_id] = WaitingReady(msg.seq, d.session_nonce, now + self.settings.heartbeat_interval_s)
-            return []
+            return None
         return self._grant(d, work, msg.seq, now)
+
+    def _may_grant(self) -> bool:
+        return self.grant_budget is None or self.grant_budget > 0
 
     def _grant(self, d: DaemonSession, work: BatchWork, ready_seq: int, now: float) -> list[Instruction]:
         """Lease ``work`` to ``d`` in answer to its READY ``ready_seq``: persist, then send the GRANT."""
+        if self.grant_budget is not None:
+            self.grant_budget -= 1
         attempts = {}
         for m in work.trials:
             self._attempts[m.trial_id] = self._attempts.get(m.trial_id, 0) + 1

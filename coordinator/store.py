@@ -115,6 +115,7 @@ class Store:
 
     def __init__(self, folder: Path, conn: sqlite3.Connection, *, readonly: bool = False):
         self.folder = folder
+        self._folder_text = str(folder)
         self._conn = conn
         self._readonly = readonly
         self._depth = 0  # nesting of _tx/group: only the outermost begins and commits
@@ -370,27 +371,29 @@ class Store:
         error: str | None,
         submission_id: str | None,
         record: dict[str, Any] | str | None,
-        metrics: dict[str, Any] | None,
+        metrics: dict[str, Any] | str | None,
         hardware_class: str | None,
     ) -> Path | None:
         """Close a running attempt. With ``record``, store it (in the same transaction) for its own
         immutable result file, which is written once the transaction has committed: at once, or
         inside :meth:`group` by :meth:`write_result_files`. ``record``: a dict, or its JSON text
-        (a JSON object) when the caller serialized it already. Returns that file's path."""
+        (a JSON object) when the caller serialized it already; ``metrics`` likewise. Returns that
+        file's path."""
         check_attempt("running", status)
         path: Path | None = None
+        rel: str | None = None
         text: str | None = None
         if record is not None:
-            path = self.folder / "results" / trial_id / f"attempt-{attempt}.json"
+            rel = f"results/{trial_id}/attempt-{attempt}.json"  # built as text: pathlib costs on the hot path
+            path = self.folder / rel
             text = record if isinstance(record, str) else json.dumps(record)  # once, no indent or sort
+        metrics_json = metrics if isinstance(metrics, str) or metrics is None else json.dumps(metrics)
         ts = now_us()
         with self._tx() as c:
             cur = c.execute(
                 "UPDATE attempts SET status=?, failure_kind=?, error=?, submission_id=?, result_path=?, metrics_json=?,"
                 " hardware_class=?, finished_at_us=? WHERE trial_id=? AND attempt=? AND status='running'",
-                (status, failure_kind, error, submission_id,
-                 str(path.relative_to(self.folder)) if path else None,
-                 json.dumps(metrics) if metrics is not None else None, hardware_class, ts, trial_id, attempt),
+                (status, failure_kind, error, submission_id, rel, metrics_json, hardware_class, ts, trial_id, attempt),
             )
             if cur.rowcount != 1:  # the caller believed it running: say why not
                 current = self.attempt_status(trial_id, attempt)
@@ -401,11 +404,11 @@ class Store:
                 "INSERT INTO transitions(trial_id, attempt, batch_id, at_us, phase, detail) VALUES (?,?,NULL,?,?,?)",
                 (trial_id, attempt, ts, status, failure_kind or ""),
             )
-            if path is not None and text is not None:
-                if path.exists():
+            if path is not None and rel is not None and text is not None:
+                if os.path.exists(os.path.join(self._folder_text, rel)):  # the savepoint undoes the UPDATE
                     raise StoreError(f"result file {path} already exists; refusing to overwrite a measurement")
                 c.execute("INSERT INTO pending_results(trial_id, attempt, result_path, record_json) VALUES (?,?,?,?)",
-                          (trial_id, attempt, str(path.relative_to(self.folder)), text))
+                          (trial_id, attempt, rel, text))
                 self._unwritten.append((path, text))
         if not self._depth:
             self.write_result_files()

@@ -92,6 +92,12 @@ TICK_S = 0.1
 #: sends what they answered (see :meth:`SweepRunner._pass`).
 DRAIN_MAX = 500
 DRAIN_MAX_S = 0.1
+#: Admission control: a pass (or tick) that found the socket's queue emptied may make this many
+#: GRANTs; one that left messages queued (the loop is behind) only GRANTS_WHEN_BEHIND. A GRANT
+#: brings back a RESULT per trial and a READY, so granting while behind only lengthens the queue
+#: that every HEARTBEAT waits in; READYs left over wait for the next pass with budget.
+GRANTS_PER_PASS = 64
+GRANTS_WHEN_BEHIND = 2
 
 
 class SweepInterrupted(ServetuneError):
@@ -488,6 +494,7 @@ class SweepRunner:
                 # at the latest every heartbeat interval while the loop is behind.
                 if now - last_tick >= (tick_every if drained else self.fleet.heartbeat_interval_s):
                     last_tick = now
+                    core.grant_budget = GRANTS_PER_PASS if drained else GRANTS_WHEN_BEHIND
                     self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
                     self._flush_dataset()
                 if self.child is not None and self.child.poll() is not None:
@@ -547,6 +554,7 @@ class SweepRunner:
                 drained = True
                 break
             batch.append(got)
+        core.grant_budget = GRANTS_PER_PASS if drained else GRANTS_WHEN_BEHIND
         first_pass = {i for i, (d, m, _) in enumerate(batch)
                       if isinstance(m, Heartbeat) and core.knows(d, m.session_nonce)}
         for i in sorted(first_pass):

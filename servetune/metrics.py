@@ -39,15 +39,25 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 def quantile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile ``q`` in [0, 1] of ``values``; NaN when empty."""
+    return quantiles_of(values, (q,))[0]
+
+
+def quantiles_of(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """:func:`quantile` at each of ``qs``, sorting ``values`` once."""
+    for q in qs:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
     if not values:
-        return math.nan
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile must be in [0, 1], got {q}")
+        return [math.nan] * len(qs)
     xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    last = len(xs) - 1
+    out = []
+    for q in qs:
+        pos = q * last
+        lo = math.floor(pos)
+        hi = min(lo + 1, last)
+        out.append(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+    return out
 
 
 class SLOResult(BaseModel):
@@ -207,10 +217,10 @@ def summarize(
         slo_attainment=(good / len(measured) if measured else None) if good is not None else None,
         slos=slo_results,
         slos_met=all(r.met for r in slo_results) if slo_results else None,
-        ttft_ms=[quantile(series["ttft_ms"], q) for q in quantiles],
-        tpot_ms=[quantile(series["tpot_ms"], q) for q in quantiles],
-        itl_ms=[quantile(series["itl_ms"], q) for q in quantiles],
-        e2el_ms=[quantile(series["e2el_ms"], q) for q in quantiles],
+        ttft_ms=quantiles_of(series["ttft_ms"], quantiles),
+        tpot_ms=quantiles_of(series["tpot_ms"], quantiles),
+        itl_ms=quantiles_of(series["itl_ms"], quantiles),
+        e2el_ms=quantiles_of(series["e2el_ms"], quantiles),
         mean_ttft_ms=_mean(series["ttft_ms"]),
         mean_tpot_ms=_mean(series["tpot_ms"]),
         mean_itl_ms=_mean(series["itl_ms"]),

@@ -393,3 +393,26 @@ def test_a_waiting_ready_of_a_gone_session_is_dropped_and_one_after_stop_gets_sh
     out = c.tick()
     assert [(i.daemon_id, type(i.msg)) for i in out if isinstance(i, Send)] == [("d3", Shutdown)]
     assert not c.waiting
+
+
+def test_grant_budget_keeps_readies_waiting_in_order_until_a_pass_with_budget() -> None:
+    """Admission control: with the pass's GRANT budget spent, READYs that find work wait (unanswered,
+    oldest first, a repeated READY keeping its place) and are granted by the next tick with budget."""
+    clock = Clock()
+    c = core(clock)  # 2 configs x 2 load points: 2 batches
+    for d in ("d1", "d2", "d3"):
+        c.handle(d, hello(d, f"n-{d}"))
+    c.grant_budget = 1
+    assert len(sent(c.handle("d1", Ready(session_nonce="n-d1", seq=1)), Grant)) == 1
+    assert c.grant_budget == 0
+    assert c.handle("d2", Ready(session_nonce="n-d2", seq=1)) == []  # work is queued, no budget: waits
+    assert c.handle("d3", Ready(session_nonce="n-d3", seq=1)) == []
+    assert c.handle("d2", Ready(session_nonce="n-d2", seq=2)) == []  # asks again: keeps its place
+    assert list(c.waiting) == ["d2", "d3"]
+    clock.t += 5.0  # far past the waits' one interval: still no NO_WORK while work waits for budget
+    assert not sent(c.tick())
+    c.grant_budget = 1
+    out = [(i.daemon_id, i.msg) for i in c.tick() if isinstance(i, Send)]
+    # the oldest waiting READY gets the last batch; then the queue is empty and d3's wait is long over
+    assert [(d, type(m), getattr(m, "seq", None)) for d, m in out] == [("d2", Grant, 2), ("d3", NoWork, None)]
+    assert c.grant_budget == 0 and not c.waiting
