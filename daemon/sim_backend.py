@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from daemon.datasets import load_prompts, load_tokenizer
 from daemon.loadgen import ERROR_END_OF_WINDOW, REASON_DEADLINE
-from daemon.workload import DatasetPrompt, arrival_gaps, derived_seed, iter_requests
+from daemon.workload import DatasetPrompt, arrival_gaps, derived_seed, draw_length, iter_requests, length_stream
 from servetune.manifest import EngineConfig
 from servetune.metrics import TrialMetrics, summarize
 from servetune.result import Fingerprint, RequestSample, ServerInfo
@@ -89,19 +90,39 @@ def sim_fingerprint(fp: Fingerprint, backend: BackendSpec, config: EngineConfig)
 
 
 def _requests(lp: LoadPoint, vocab_size: int, tokenizer_path: str | None, warmup: bool) -> Iterator[SimRequest]:
-    prompts: list[DatasetPrompt] | None = None
+    """The load point's requests as the simulator needs them: lengths and prefix group, the very
+    ones :func:`daemon.workload.iter_requests` plans (the same seeded streams), without drawing
+    the prompt tokens the simulator never reads (that would cost more than simulating)."""
     ds = lp.dataset
-    if isinstance(ds, FileDataset):
-        tok = load_tokenizer(tokenizer_path) if tokenizer_path else None
-        prompts = load_prompts(ds, tok)
-        counts = tok.count_batch([p.text for p in prompts]) if tok is not None else None
-        prompts = [DatasetPrompt(p.text, p.input_len if p.input_len is not None else
-                                 (counts[i] if counts is not None else max(1, len(p.text) // 4)), p.output_len)
-                   for i, p in enumerate(prompts)]
-    plan_lp = lp if lp.endpoint == "completions" else lp.model_copy(update={"endpoint": "completions"})
-    for req in iter_requests(plan_lp, vocab_size, None, warmup=warmup, prompts=prompts):
-        group = req.group if req.group is not None else -1
-        yield SimRequest(prompt_len=int(req.input_len or 1), output_len=req.output_len, group=group)
+    if not isinstance(ds, FileDataset):
+        base = derived_seed(lp.seed, "warmup") if warmup else lp.seed
+        outputs = length_stream(lp.output_len, derived_seed(base, "output_len"))
+        if isinstance(ds, SharedPrefixDataset):
+            return _shared_prefix_lengths(lp, ds, outputs, base)
+        inputs = length_stream(lp.input_len, derived_seed(base, "input_len"))
+        return (SimRequest(prompt_len=i, output_len=o) for i, o in zip(inputs, outputs))
+    tok = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    prompts = load_prompts(ds, tok)
+    counts = tok.count_batch([p.text for p in prompts]) if tok is not None else None
+    prompts = [DatasetPrompt(p.text, p.input_len if p.input_len is not None else
+                             (counts[i] if counts is not None else max(1, len(p.text) // 4)), p.output_len)
+               for i, p in enumerate(prompts)]
+    return (SimRequest(prompt_len=int(req.input_len or 1), output_len=req.output_len)
+            for req in iter_requests(lp, vocab_size, None, warmup=warmup, prompts=prompts))
+
+
+def _shared_prefix_lengths(lp: LoadPoint, ds: SharedPrefixDataset, outputs: Iterator[int],
+                           base: int) -> Iterator[SimRequest]:
+    """:func:`daemon.workload._shared_prefix_requests`'s lengths and groups (its suffix length is the
+    first draw of the suffix's own stream)."""
+    suffix_lens: dict[tuple[int, int], int] = {}
+    for i, output_len in enumerate(outputs):
+        p = i % ds.num_prefixes
+        s = (i // ds.num_prefixes) % ds.suffixes_per_prefix
+        if (p, s) not in suffix_lens:
+            rng = random.Random(derived_seed(base, f"suffix:{p}:{s}"))
+            suffix_lens[(p, s)] = max(1, draw_length(lp.input_len, rng) - ds.prefix_len)
+        yield SimRequest(prompt_len=ds.prefix_len + suffix_lens[(p, s)], output_len=output_len, group=p)
 
 
 def _arrivals(lp: LoadPoint) -> Iterator[float]:
@@ -126,7 +147,10 @@ def _samples(run: SimRun, base_ns: int, warmup: bool, max_model_len: int) -> lis
         elif ended == CANCEL_DEADLINE:
             error = f"cancelled: {REASON_DEADLINE}"
         tokens = [base_ns + round(t * 1e9) for t in run.token_times(i)] if ended != REFUSED_TOO_LONG else []
-        out.append(RequestSample(
+        # model_construct: the values are made here, of the right types and within bounds, and the
+        # RESULT carrying them is validated where it is received; validating 30,000 token times per
+        # trial here would cost more than simulating it
+        out.append(RequestSample.model_construct(
             index=i, warmup=warmup, scheduled_ns=send, send_ns=send,
             first_token_ns=tokens[0] if tokens else None, end_ns=max(end, tokens[-1] if tokens else end),
             token_ns=tokens, prompt_tokens=run.prompt_len[i] if error is None else None,

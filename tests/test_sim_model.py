@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -138,3 +139,20 @@ def test_requests_over_max_model_len_are_refused_like_vllm() -> None:
     lp = _lp(max_concurrency=4, num_requests=8, input_len=200, output_len=100)
     trial = simulate_trial(server, TINY, lp, seed=0, deadline_s=1e9, vocab_size=2048)
     assert all(s.error and "maximum context length is 256 tokens" in s.error for s in trial.samples)
+
+
+@pytest.mark.parametrize("dataset", [None, SharedPrefixDataset(kind="shared_prefix", num_prefixes=3,
+                                                               suffixes_per_prefix=2, prefix_len=40)])
+@pytest.mark.parametrize("warmup", [False, True])
+def test_the_simulated_requests_are_the_load_generators(dataset: SharedPrefixDataset | None, warmup: bool) -> None:
+    from daemon.sim_backend import _requests
+    from daemon.workload import build_requests
+    from servetune.spec import LengthDist
+
+    extra = {"dataset": dataset} if dataset is not None else {}
+    lp = _lp(input_len=LengthDist(dist="uniform", min=50, max=300), output_len=LengthDist(dist="uniform", min=1, max=90),
+             seed=11, **extra)
+    planned = build_requests(lp, 2048, None, 30, warmup=warmup)
+    simulated = list(itertools.islice(_requests(lp, 2048, None, warmup), 30))
+    assert [(r.input_len, r.output_len, -1 if r.group is None else r.group) for r in planned] == [
+        (r.prompt_len, r.output_len, r.group) for r in simulated]

@@ -2,7 +2,8 @@
 
 A 500-request load point (closed loop at concurrency 64, 128 in / 64 out tokens, the tiny model on
 the CPU profile and Llama-3-8B on H100) played against the simulator, median of the per-trial
-times: ``core`` is the scheduler alone (servetune.sim.engine), ``record`` adds turning the run into
+CPU times of this process (``time.process_time``: the shared machine's other jobs do not count;
+the figure is per core): ``core`` is the scheduler alone (servetune.sim.engine), ``record`` adds turning the run into
 the RequestSample records a daemon sends (daemon.sim_backend) and ``metrics`` the coordinator's
 summarize over them.
 """
@@ -31,13 +32,13 @@ def main() -> None:
         reqs = list(itertools.islice(_requests(lp, server.shape.vocab_size, None, False), 500))
         core, record, metrics = [], [], []
         for seed in range(n):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             server.run(SimLoad(requests=iter(reqs), arrivals=_arrivals(lp), max_concurrency=64), NoiseModel(seed))
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             trial = simulate_trial(server, backend, lp, seed=seed, deadline_s=1e9, vocab_size=server.shape.vocab_size)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             summarize(trial.samples, trial.window_s)
-            t3 = time.perf_counter()
+            t3 = time.process_time()
             core.append(t1 - t0)
             record.append(t2 - t1)
             metrics.append(t3 - t2)

@@ -344,6 +344,7 @@ class _Engine:
         self.D = 0  # decode steps so far
         self.decode_times: list[tuple[int, int, int, float, DecodeLine | None, float]] = []
         self.running: OrderedDict[int, _Seq] = OrderedDict()
+        self.prefilling: OrderedDict[int, _Seq] = OrderedDict()  # running, prompt not yet computed
         self.waiting: deque[_Seq] = deque()
         self.dec_count = 0
         self.dec_ctx = 0  # sum of contexts of decoding sequences at D (kept with D)
@@ -466,6 +467,7 @@ class _Engine:
             seg[-1] = (t_first, d_first, n)
 
     def _start_decoding(self, q: _Seq) -> None:
+        self.prefilling.pop(q.i, None)
         q.decoding = True
         q.d0, q.c0, q.g0 = self.D, q.computed, q.generated
         self.dec_count += 1
@@ -477,6 +479,7 @@ class _Engine:
 
     def _preempt_last(self) -> _Seq:
         i, victim = self.running.popitem(last=True)
+        self.prefilling.pop(i, None)
         self._release(victim)
         victim.computed = 0
         victim.known = victim.prompt + victim.generated
@@ -620,6 +623,7 @@ class _Engine:
     def _complete(self, q: _Seq) -> None:
         self._release(q)
         del self.running[q.i]
+        self.prefilling.pop(q.i, None)
         o = self.out
         o.end_t[q.i] = self.t
         o.generated[q.i] = q.generated
@@ -641,9 +645,9 @@ class _Engine:
             decode_step = not sched
         if decode_step:
             budget -= self._schedule_decodes()
-            for q in list(self.running.values()):
-                if q.decoding or budget <= 0:
-                    continue
+            for q in list(self.prefilling.values()):
+                if budget <= 0:
+                    break
                 n = min(q.known - q.computed, budget)
                 if not self._alloc(q, q.computed + n):
                     continue
@@ -756,6 +760,7 @@ class _Engine:
             self.c["prefix_cache_hits_total"] += hit
             self.waiting.popleft()
             self.running[q.i] = q
+            self.prefilling[q.i] = q
             out.append((q, n))
             budget -= n
         return out
@@ -768,6 +773,7 @@ class _Engine:
             self.out.end_t[q.i] = self.t
             self.out.generated[q.i] = q.generated
         self.running.clear()
+        self.prefilling.clear()
         self.waiting.clear()
         self.out.stopped = why if why == CANCEL_DEADLINE else None
 
