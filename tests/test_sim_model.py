@@ -130,8 +130,9 @@ def test_noiseless_truth_is_the_mean_of_noisy_runs() -> None:
         values = [getattr(m, metric) for m in runs]
         mean, sd = statistics.fmean(values), statistics.stdev(values)
         assert sd > 0, f"{metric}: the noise must move it"
-        # 40 runs: the mean is within 4 standard errors of the truth (plus the noise's second-order bias)
-        assert abs(mean - getattr(truth, metric)) < 4 * sd / 40**0.5 + 0.005 * abs(mean), (metric, mean, truth)
+        # 40 runs (fixed seeds): the mean is within 3 standard errors of the truth (|z| is 1.4-1.7 here;
+        # noise that is 3% slow on average, not mean 1, gives |z| 4.6 and fails)
+        assert abs(mean - getattr(truth, metric)) < 3 * sd / 40**0.5, (metric, mean, getattr(truth, metric))
 
 
 def test_requests_over_max_model_len_are_refused_like_vllm() -> None:
