@@ -157,3 +157,19 @@ def test_the_simulated_requests_are_the_load_generators(dataset: SharedPrefixDat
     simulated = list(itertools.islice(_requests(lp, 2048, None, warmup), 30))
     assert [(r.input_len, r.output_len, -1 if r.group is None else r.group) for r in planned] == [
         (r.prompt_len, r.output_len, r.group) for r in simulated]
+
+
+def test_duration_window_and_trial_deadline_end_a_load_like_the_load_generator() -> None:
+    from daemon.loadgen import ERROR_END_OF_WINDOW, REASON_DEADLINE
+
+    server = sim_server(TINY, _cfg(max_num_seqs=4))
+    lp = _lp(request_rate=20.0, max_concurrency=None, num_requests=None, duration_s=5.0, output_len=200)
+    trial = simulate_trial(server, TINY, lp, seed=0, deadline_s=1e9, vocab_size=2048, drain_timeout_s=2.0)
+    sends = [s.send_ns / 1e9 for s in trial.samples]
+    assert max(sends) < 5.0 and 60 < len(sends) < 140, "Poisson arrivals at 20/s for 5 s"
+    assert trial.stopped_early is None
+    cancelled = [s for s in trial.samples if s.error == ERROR_END_OF_WINDOW]
+    assert cancelled and all(s.end_ns / 1e9 == pytest.approx(7.0, abs=0.05) for s in cancelled)
+    late = simulate_trial(server, TINY, lp, seed=0, deadline_s=3.0, vocab_size=2048)
+    assert late.stopped_early == REASON_DEADLINE
+    assert any(s.error == f"cancelled: {REASON_DEADLINE}" for s in late.samples)
