@@ -173,3 +173,30 @@ def test_duration_window_and_trial_deadline_end_a_load_like_the_load_generator()
     late = simulate_trial(server, TINY, lp, seed=0, deadline_s=3.0, vocab_size=2048)
     assert late.stopped_early == REASON_DEADLINE
     assert any(s.error == f"cancelled: {REASON_DEADLINE}" for s in late.samples)
+
+
+@pytest.mark.parametrize(("profile", "shape", "tp"), [("H100-80G", "llama-3-8b", 1), ("A100-80G", "llama-3-70b", 4),
+                                                      ("cpu-tiny", "tiny", 1)])
+def test_decode_runs_in_closed_form_equal_step_by_step_sums(profile: str, shape: str, tp: int) -> None:
+    import numpy as np
+
+    from servetune.sim.engine import NoiseModel, _Noise
+    from servetune.sim.profiles import get_profile, get_shape
+    from servetune.sim.steptime import StepModel
+
+    sm = StepModel(get_profile(profile), get_shape(shape), tp)
+    batch, ctx, k, s0 = 48, 48 * 700, 300, 17
+    line = sm.decode_line(batch, ctx)
+    steps = [sm.step(batch, batch, batch, ctx + batch * j + batch, ctx + batch * j) for j in range(k)]
+    assert [line.at(j) for j in range(k)] == pytest.approx(steps, rel=1e-9)
+    noise = _Noise(NoiseModel(seed=3, step_sigma=0.2))
+    noise.ensure(s0 + k + 1)
+    eps = np.diff(np.asarray(noise.e1))[s0:s0 + k]
+    for n in (1, 7, k):
+        assert noise.run_time(s0, n, line) == pytest.approx(float(np.dot(steps[:n], eps[:n])), rel=1e-9)
+    # lines that cross inside the run (compute overtakes memory at step 100), both ways round
+    from servetune.sim.steptime import DecodeLine
+
+    for crossing in (DecodeLine(ac=1.0, bc=0.01, am=2.0, bm=0.0, k=0.5), DecodeLine(ac=2.0, bc=0.0, am=1.0, bm=0.01, k=0.5)):
+        direct = [crossing.at(j) for j in range(k)]
+        assert noise.run_time(s0, k, crossing) == pytest.approx(float(np.dot(direct, eps)), rel=1e-9)
