@@ -200,3 +200,18 @@ def test_decode_runs_in_closed_form_equal_step_by_step_sums(profile: str, shape:
     for crossing in (DecodeLine(ac=1.0, bc=0.01, am=2.0, bm=0.0, k=0.5), DecodeLine(ac=2.0, bc=0.0, am=1.0, bm=0.01, k=0.5)):
         direct = [crossing.at(j) for j in range(k)]
         assert noise.run_time(s0, k, crossing) == pytest.approx(float(np.dot(direct, eps)), rel=1e-9)
+
+
+def test_tensor_parallelism_pays_an_all_reduce_over_the_interconnect() -> None:
+    from servetune.sim.profiles import get_profile, get_shape
+    from servetune.sim.steptime import StepModel
+
+    shape = get_shape("llama-3-8b")
+
+    def step(profile: str, tp: int) -> float:
+        return StepModel(get_profile(profile), shape, tp).step(2048, 1, 1, 2048 * 1024.5, 0)
+
+    # a 2048-token prefill: splitting it over 2 GPUs helps less over PCIe (L40S) than over NVLink (H100)
+    assert step("H100-80G", 2) / step("H100-80G", 1) < step("L40S", 2) / step("L40S", 1) < 1.0
+    assert StepModel(get_profile("L40S"), shape, 2).k_token > StepModel(get_profile("H100-80G"), shape, 2).k_token > 0
+    assert StepModel(get_profile("H100-80G"), shape, 1).k_token == 0
