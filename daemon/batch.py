@@ -303,10 +303,10 @@ class BatchRunner:
                 error=f"timed out under load: {sim.stopped_early} ({grant.budgets.trial_timeout_s:.0f} s budget)"
                 if failed else None,
                 samples=sim.samples, window_s=sim.window_s, offered_rate=sim.offered_rate,
-                stopped_early=sim.stopped_early, server=info, server_counters=sim.counters,
+                stopped_early=sim.stopped_early, server=info, server_counters=sim.counters, server_series=sim.series,
                 fingerprint=fingerprint, started_at_us=t_start, finished_at_us=now_us(),
             ))
-            self._keep_artifacts(trial, info, sim.samples)
+            self._keep_artifacts(trial, info, sim.samples, sim.series)
             self._state(grant, trial, "failed" if failed else "done", lp.name)
 
     def _run_trial(self, grant: Grant, trial: GrantedTrial, server: Endpoint, vocab_size: int,

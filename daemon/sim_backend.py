@@ -9,7 +9,8 @@ metrics from them. Differences a reader must know:
 
 - times are simulated nanoseconds offset from ``base_ns``, not a clock reading;
 - the client is ideal (no scheduling lag); the load point's stop conditions (error budget,
-  over-saturation) are not applied; no /metrics series is recorded (counters are);
+  over-saturation) are not applied; the server series has a point at step boundaries at least
+  0.5 s apart, none inside a run of decode steps summed in closed form;
 - chat prompts count the drawn length (no chat template); file datasets count prompt tokens with
   the model's tokenizer where the node has one, else about 4 characters per token;
 - every result says what it is: ``ServerInfo.argv`` starts with ``servetune-sim`` and names the
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from daemon.datasets import load_prompts, load_tokenizer
 from daemon.loadgen import ERROR_END_OF_WINDOW, REASON_DEADLINE
 from daemon.workload import DatasetPrompt, arrival_gaps, derived_seed, draw_length, iter_requests, length_stream
+from servetune.bounds import MAX_SERIES_POINTS
 from servetune.manifest import EngineConfig
 from servetune.metrics import TrialMetrics, summarize
 from servetune.result import Fingerprint, RequestSample, ServerInfo
@@ -63,6 +65,8 @@ class SimTrial:
     stopped_early: str | None
     counters: dict[str, float]
     offered_rate: float | None
+    #: the measurement's server gauges and counters, points as :mod:`daemon.scrape` makes them (``t_ns``)
+    series: list[dict[str, float]]
 
 
 def sim_server(backend: BackendSpec, config: EngineConfig) -> SimServer:
@@ -188,7 +192,16 @@ def simulate_trial(server: SimServer, backend: BackendSpec, lp: LoadPoint, *, se
         window = 1e-9
     return SimTrial(samples=warm_samples + samples, window_s=window,
                     stopped_early=REASON_DEADLINE if run.stopped == CANCEL_DEADLINE else None,
-                    counters=run.counters, offered_rate=lp.request_rate)
+                    counters=run.counters, offered_rate=lp.request_rate,
+                    series=_series(run, base_ns + round(t0 * 1e9)))
+
+
+def _series(run: SimRun, base_ns: int) -> list[dict[str, float]]:
+    points = [{"t_ns": float(base_ns + round(p["t"] * 1e9)), **{k: v for k, v in p.items() if k != "t"}}
+              for p in run.series]
+    while len(points) > MAX_SERIES_POINTS:  # as the scraper does: every other point dropped
+        points = points[::2]
+    return points
 
 
 def _prefix_len(lp: LoadPoint) -> int:

@@ -215,3 +215,15 @@ def test_tensor_parallelism_pays_an_all_reduce_over_the_interconnect() -> None:
     assert step("H100-80G", 2) / step("H100-80G", 1) < step("L40S", 2) / step("L40S", 1) < 1.0
     assert StepModel(get_profile("L40S"), shape, 2).k_token > StepModel(get_profile("H100-80G"), shape, 2).k_token > 0
     assert StepModel(get_profile("H100-80G"), shape, 1).k_token == 0
+
+
+def test_the_server_series_reads_like_a_scrape() -> None:
+    server = sim_server(TINY, _cfg(max_num_seqs=8))
+    lp = _lp(request_rate=60.0, max_concurrency=None, num_requests=300)
+    trial = simulate_trial(server, TINY, lp, seed=0, deadline_s=1e9, vocab_size=2048, base_ns=10**12)
+    pts = trial.series
+    assert len(pts) > 5 and all(a["t_ns"] < b["t_ns"] for a, b in zip(pts, pts[1:]))
+    assert all(p["num_requests_running"] <= 8 and 0 <= p["kv_cache_usage_perc"] <= 1 for p in pts)
+    assert max(p["num_requests_waiting"] for p in pts) > 10, "60 req/s overloads 8 seats: a queue builds"
+    assert pts[-1]["request_success_total"] == 300 == trial.counters["request_success_total"]
+    assert pts[0]["t_ns"] >= 10**12

@@ -64,6 +64,8 @@ DEFAULT_BLOCK_SIZE = 16
 CANCEL_WINDOW = "window"
 CANCEL_DEADLINE = "deadline"
 REFUSED_TOO_LONG = "too_long"
+#: seconds between two points of a run's server series (the daemon's scrape period)
+SERIES_PERIOD_S = 0.5
 
 
 class SimStartError(ServetuneError):
@@ -226,6 +228,10 @@ class SimRun:
     counters: dict[str, float] = field(default_factory=dict)
     decode_end_t: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: int = 0
+    #: the server's gauges and cumulative counters at step boundaries at least :data:`SERIES_PERIOD_S`
+    #: apart (``t`` in seconds), as a /metrics scrape would read them; a run of decode steps summed in
+    #: closed form has none inside it
+    series: list[dict[str, float]] = field(default_factory=list)
 
     def token_times(self, i: int) -> list[float]:
         """End times of the steps that streamed request ``i``'s tokens, in order."""
@@ -505,7 +511,11 @@ class _Engine:
     def run(self) -> SimRun:
         load = self.load
         drain_end = math.inf
+        next_point = 0.0
         while True:
+            if self.t >= next_point:
+                self._point()
+                next_point = self.t + SERIES_PERIOD_S
             self._client()
             if self.window_closed and drain_end == math.inf:
                 assert load.send_until_s is not None
@@ -523,8 +533,16 @@ class _Engine:
                 continue
             if not self._decode_run(limit):
                 self._one_step()
+        self._point()
         self._finish()
         return self.out
+
+    def _point(self) -> None:
+        point = {"t": self.t, "num_requests_running": float(len(self.running)),
+                 "num_requests_waiting": float(len(self.waiting)),
+                 "kv_cache_usage_perc": 1.0 - self.free / self.srv.num_blocks if self.srv.num_blocks else 0.0}
+        point.update(self.c)
+        self.out.series.append(point)
 
     def _admissible(self) -> bool:
         return bool(self.waiting) and len(self.running) < self.cfg.max_num_seqs
