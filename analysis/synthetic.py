@@ -2,8 +2,8 @@
 
 Nothing here was measured: :func:`planted` draws engine configurations, computes their metrics
 from a known formula with noise, and returns a dataset in exactly the shape the coordinator writes
-(:mod:`servetune.schema`; ``backend`` is ``"sim"`` and the attribute ``synthetic`` is 1 so it can
-never pass for a real run), together with the :class:`Truth` the analyses must recover:
+(:mod:`servetune.schema`; ``backend`` is ``"synthetic"``, not ``"sim"``, which is the simulated vLLM
+backend, and the attribute ``synthetic`` is 1 so it can never pass for a real run), together with the :class:`Truth` the analyses must recover:
 
 - main effects: ``max_num_seqs`` (strong), ``max_num_batched_tokens`` (medium), ``block_size``
   (weak) on output throughput (log scale, multiplicative noise);
@@ -240,7 +240,7 @@ def _row(i: int, cfg: dict[str, Any], lp: str, rep: int, bl_run: int, hw: str, y
         "trial_id": f"sim{i:08d}", "attempt": 1, "config_id": "cfg-" + json.dumps(cfg, sort_keys=True),
         "experiment": "planted", "load_point": lp, "repeat": rep, "status": status, "failure_kind": kind,
         "error": error, "is_baseline": bl_run >= 0, "baseline_run": bl_run, "started_at": started_at,
-        "hardware_class": hw, "backend": "sim", "spec_hash": "synthetic", "in_current_spec": True,
+        "hardware_class": hw, "backend": "synthetic", "spec_hash": "synthetic", "in_current_spec": True,
         "stopped_early": "", "client_fell_behind": False, "request_rate": math.nan, "max_concurrency": conc,
         "input_len": 128.0, "output_len": 128.0, "config_label": " ".join(f"{k}={v}" for k, v in cfg.items()),
         "dataset": "random", "dataset_sha256": "", "endpoint": "completions", "arrival": "closed-loop",

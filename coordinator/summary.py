@@ -91,7 +91,7 @@ def collect_summaries(store: Store) -> list[TrialSummary]:
             TrialSummary(
                 trial_id=trial_id,
                 config_id=m.config_id,
-                config_label=m.engine.label(swept) if m.backend == "vllm" else f"endpoint {m.target}",
+                config_label=m.engine.label(swept) if m.backend != "openai" else f"endpoint {m.target}",
                 load_point=m.load_point.name,
                 status=att.status if att else "hole",
                 failure_kind=att.failure_kind if att else None,

@@ -272,7 +272,7 @@ class SweepRunner:
         self._dataset_writer: DatasetWriter | None = None
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
-            m.trial_id: f"{m.engine.label(swept) if m.backend == 'vllm' else m.target} @ {m.load_point.name}"
+            m.trial_id: f"{m.engine.label(swept) if m.backend != 'openai' else m.target} @ {m.load_point.name}"
             for m in self.plan.trials()
         }
 
@@ -430,7 +430,7 @@ class SweepRunner:
         swept = swept_names(self.plan.configs().values()) or None
         for w in work:
             for m in w.trials:
-                label = m.engine.label(swept) if m.backend == "vllm" else m.target
+                label = m.engine.label(swept) if m.backend != "openai" else m.target
                 self._labels[m.trial_id] = f"{label} @ {m.load_point.name}"
 
     # ------------------------------------------------------------------ local daemon

@@ -32,9 +32,12 @@ from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
 from daemon.scrape import MetricsScraper
 from daemon.server import ServerStartError, VLLMServer, vllm_command
+from daemon.serverlog import classify_failure
+from daemon.sim_backend import server_info, sim_fingerprint, sim_server, simulate_trial, trial_seed
 from servetune.errors import ServetuneError
 from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
 from servetune.result import FailureKind, Fingerprint, RequestSample, ServerInfo, TrialOutcome
+from servetune.sim.engine import SimStartError
 from servetune.spec import refused_server_env, refused_server_env_text
 
 log = logging.getLogger(__name__)
@@ -152,11 +155,11 @@ class BatchRunner:
 
     def _fail_all(self, grant: Grant, trials: list[GrantedTrial], started_us: int, error: str,
                   server: ServerInfo | None, exit_code: int | None, log_tail: str | None,
-                  kind: FailureKind = "measurement") -> None:
+                  kind: FailureKind = "measurement", fingerprint: Fingerprint | None = None) -> None:
         for trial in trials:
             self._result(grant, trial, TrialOutcome(
                 status="failed", failure_kind=kind, error=error, exit_code=exit_code, log_tail=log_tail,
-                server=server, fingerprint=self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
+                server=server, fingerprint=fingerprint or self.ctx.fingerprint, started_at_us=started_us, finished_at_us=now_us(),
             ))
             self._keep_artifacts(trial, server)
 
@@ -178,6 +181,9 @@ class BatchRunner:
     def _run(self, grant: Grant) -> None:
         if grant.backend.kind == "openai":
             self._run_external(grant)
+            return
+        if grant.backend.kind == "sim":
+            self._run_sim(grant)
             return
         started = now_us()
         refused = refused_server_env(grant.config.env)
@@ -264,6 +270,44 @@ class BatchRunner:
                 return
             self._run_trial(grant, trial, endpoint, vocab_size=model.vocab_size, api_key=api_key,
                             tokenizer_path=model.tokenizer_path)
+
+    def _run_sim(self, grant: Grant) -> None:
+        """The ``sim`` backend (SIMULATED, :mod:`daemon.sim_backend`): no server starts; each load point
+        is played against the simulated vLLM and yields the record a real run would."""
+        started = now_us()
+        fingerprint = sim_fingerprint(self.ctx.fingerprint, grant.backend, grant.config)
+        try:
+            server = sim_server(grant.backend, grant.config)
+        except SimStartError as exc:  # what vLLM logs when it refuses to start, classified as for a real server
+            reason = classify_failure(exc.log_line) or exc.log_line
+            self._state(grant, None, "server_failed", reason)
+            self._fail_all(grant, grant.trials, started, f"server would not start: exited with code 1: {reason}",
+                           server_info(grant.backend, grant.config), 1, exc.log_line, fingerprint=fingerprint)
+            return
+        info = server_info(grant.backend, grant.config, server)
+        self._state(grant, None, "server_ready", f"SIMULATED {server.profile.name}, KV cache {info.kv_cache_tokens} tokens")
+        tokenizer = resolve_model(grant.model).tokenizer_path if grant.model.source == "tiny" else None
+        for trial in grant.trials:
+            if self._stopped():
+                return
+            lp = trial.manifest.load_point
+            t_start = now_us()
+            self._state(grant, trial, "measuring", lp.name)
+            sim = simulate_trial(server, grant.backend, lp, seed=trial_seed(trial.trial_id),
+                                 deadline_s=grant.budgets.trial_timeout_s, vocab_size=server.shape.vocab_size,
+                                 tokenizer_path=tokenizer, base_ns=time.monotonic_ns(),
+                                 drain_timeout_s=grant.budgets.drain_timeout_s)
+            failed = sim.stopped_early == REASON_DEADLINE
+            self._result(grant, trial, TrialOutcome(
+                status="failed" if failed else "ok", failure_kind="measurement" if failed else None,
+                error=f"timed out under load: {sim.stopped_early} ({grant.budgets.trial_timeout_s:.0f} s budget)"
+                if failed else None,
+                samples=sim.samples, window_s=sim.window_s, offered_rate=sim.offered_rate,
+                stopped_early=sim.stopped_early, server=info, server_counters=sim.counters, server_series=sim.series,
+                fingerprint=fingerprint, started_at_us=t_start, finished_at_us=now_us(),
+            ))
+            self._keep_artifacts(trial, info, sim.samples, sim.series)
+            self._state(grant, trial, "failed" if failed else "done", lp.name)
 
     def _run_trial(self, grant: Grant, trial: GrantedTrial, server: Endpoint, vocab_size: int,
                    api_key: str | None = None, tokenizer_path: str | None = None) -> None:

@@ -275,7 +275,7 @@ def plan_configs(
     rng = random.Random(spec.planner.seed)
     ident = model_identity(spec.model)
     backend = spec.backend.kind
-    target = spec.backend.base_url
+    target = spec.backend.base_url or spec.backend.sim_target()
 
     def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeat: int, baseline_run: int | None) -> PlannedBatch:
         lps = [seed for lp in load_points for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else [lp])]

@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from servetune.errors import SpecError, SpecIssue
+from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, PROFILE_NAMES, SHAPE_NAMES
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$"
 #: Load point names with this character are made by rate sweeps (``name@sync``, ``name@max``, ``name@12.5rps``).
@@ -518,14 +519,22 @@ class BackendSpec(StrictModel):
     (vLLM, SGLang, TGI, llama.cpp, a gateway) at ``base_url``, sending ``model.served_name`` as the
     model and the API key found in the node's environment variable ``api_key_env`` (the value
     never leaves the node); servetune starts nothing, so the engine search space must be empty.
+    ``sim``: SIMULATED, no server runs: the daemon plays each load point against a model of vLLM's
+    scheduler (:mod:`servetune.sim`) on hardware ``profile`` serving a model of shape
+    ``model_shape``, with seeded noise unless ``noise`` is false (``model`` then only names the trial).
     """
 
-    kind: Literal["vllm", "openai"] = "vllm"
+    kind: Literal["vllm", "openai", "sim"] = "vllm"
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")] | None = Field(
         None, description="openai: the endpoint's base URL, e.g. http://10.0.0.7:8000 (without /v1)"
     )
     api_key_env: EnvName | None = Field(None, description="openai: environment variable holding the API key")
     scrape_metrics: bool = Field(False, description="openai: also read <base_url>/metrics (a vLLM server)")
+    profile: str | None = Field(None, description=f"sim: the simulated hardware, one of {', '.join(PROFILE_NAMES)} "
+                                                  f"(default {DEFAULT_SIM_PROFILE})")
+    model_shape: str | None = Field(None, description=f"sim: the simulated model, one of {', '.join(SHAPE_NAMES)} "
+                                                      f"(default {DEFAULT_SIM_SHAPE})")
+    noise: bool | None = Field(None, description="sim: seeded noise on step times (default true); false: the noiseless truth")
 
     @model_validator(mode="before")
     @classmethod
@@ -540,6 +549,14 @@ class BackendSpec(StrictModel):
                 data = {k: v for k, v in data.items() if k != key}  # a stored spec's old default
         return data
 
+    def sim_target(self) -> str | None:
+        """``sim``: what is simulated, as every trial records it (``target``): ``sim:PROFILE/SHAPE``
+        plus ``/noiseless`` without noise; None for other kinds."""
+        if self.kind != "sim":
+            return None
+        target = f"sim:{self.profile or DEFAULT_SIM_PROFILE}/{self.model_shape or DEFAULT_SIM_SHAPE}"
+        return target + ("/noiseless" if self.noise is False else "")
+
     @model_validator(mode="after")
     def _kind_fields(self) -> BackendSpec:
         if self.kind == "openai":
@@ -553,6 +570,13 @@ class BackendSpec(StrictModel):
                 raise ValueError(f"backend.base_url {self.base_url!r}: the port must be a number from 1 to 65535")
         elif self.base_url or self.api_key_env or self.scrape_metrics:
             raise ValueError("backend.base_url, api_key_env and scrape_metrics only apply to backend.kind 'openai'")
+        if self.kind != "sim" and (self.profile is not None or self.model_shape is not None or self.noise is not None):
+            raise ValueError("backend.profile, model_shape and noise only apply to backend.kind 'sim'")
+        if self.profile is not None and self.profile not in PROFILE_NAMES:
+            raise ValueError(f"backend.profile {self.profile!r} is not a sim profile; profiles: {', '.join(PROFILE_NAMES)}")
+        if self.model_shape is not None and self.model_shape not in SHAPE_NAMES:
+            raise ValueError(f"backend.model_shape {self.model_shape!r} is not a sim model shape; shapes: "
+                             f"{', '.join(SHAPE_NAMES)}")
         return self
 
 
@@ -614,7 +638,8 @@ class ExperimentSpec(StrictModel):
 
 #: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
-ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None}
+ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None, "backend.profile": None,
+                                         "backend.model_shape": None, "backend.noise": None}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
