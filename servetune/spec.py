@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from servetune.errors import SpecError, SpecIssue
+from servetune.yamlsafe import MAX_SPEC_BYTES, YamlRefused, iter_regular_file, load_yaml, read_regular_file
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$"
 #: Load point names with this character are made by rate sweeps (``name@sync``, ``name@max``, ``name@12.5rps``).
@@ -59,8 +60,23 @@ def _env_value(value: Any) -> Any:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("an environment variable's value cannot hold a NUL character")
+    return value
+
+
+def _not_bool(value: Any) -> Any:
+    """Python counts ``True`` as 1: a choice among numbers must refuse a YAML boolean itself."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value} ({_BOOL_HINT})")
+    return value
+
+
+_BOOL_HINT = "YAML reads unquoted yes/no/on/off/true/false as booleans"
+
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
+EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_nul)]
 
 #: Server environment variables a spec (and so a GRANT) may set: vLLM's own and those of the
 #: libraries under it. Anything else can change how a process loads code (``LD_PRELOAD``,
@@ -87,9 +103,11 @@ def refused_server_env_text(names: Iterable[str]) -> str:
 
 
 class StrictModel(BaseModel):
-    """Base of every spec section: unknown keys are refused, values are immutable."""
+    """Base of every spec section: unknown keys are refused, values are immutable, and no number
+    may be infinite or NaN. A spec read from a file is also validated in pydantic's strict mode
+    (:func:`parse_spec`): ``yes`` is not 1 and ``"8"`` is not 8."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(StrictModel):
@@ -125,7 +143,8 @@ class EngineArgs(StrictModel):
     enable_chunked_prefill: bool | None = Field(None, description="--[no-]enable-chunked-prefill")
     enable_prefix_caching: bool | None = Field(None, description="--[no-]enable-prefix-caching")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization")
-    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = Field(None, description="--block-size")
+    block_size: Annotated[Literal[1, 8, 16, 32, 64, 128, 256], BeforeValidator(_not_bool)] | None = Field(
+        None, description="--block-size")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
     max_model_len: int | None = Field(None, ge=16, description="--max-model-len")
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="--tensor-parallel-size")
@@ -166,7 +185,7 @@ def _grid_model() -> type[BaseModel]:
         fields[name] = (list[item] | None, Field(None, min_length=1))  # type: ignore[valid-type]
     from pydantic import create_model
 
-    return create_model("EngineGrid", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
+    return create_model("EngineGrid", __base__=StrictModel, **fields)
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -624,26 +643,43 @@ REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launc
 
 
 def load_spec(path: str | os.PathLike[str]) -> ExperimentSpec:
-    """Read, parse and fully check an experiment YAML. Raises :class:`SpecError` listing every issue."""
+    """Read, parse and fully check an experiment YAML. Raises :class:`SpecError` listing every issue.
+
+    The file must be a regular file of at most :data:`~servetune.yamlsafe.MAX_SPEC_BYTES` (a FIFO
+    or a device is refused without blocking or reading it)."""
+    return load_spec_text(path)[0]
+
+
+def load_spec_text(path: str | os.PathLike[str]) -> tuple[ExperimentSpec, str]:
+    """:func:`load_spec`, also returning the text the spec was parsed from (read once)."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_SPEC_BYTES, what="spec file").decode("utf-8")
     except FileNotFoundError:
         raise SpecError(source, [SpecIssue("", f"file not found: {source}")]) from None
+    except YamlRefused as exc:
+        raise SpecError(source, [SpecIssue("", exc.message)]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(source, [SpecIssue("", f"cannot read {source}: {exc}")]) from None
-    return parse_spec(text, source=source, base_dir=Path(path).resolve().parent)
+    return parse_spec(text, source=source, base_dir=Path(path).resolve().parent), text
 
 
 def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = None) -> ExperimentSpec:
-    """Parse YAML text into a checked :class:`ExperimentSpec` (see :func:`load_spec`)."""
+    """Parse YAML text into a checked :class:`ExperimentSpec` (see :func:`load_spec`).
+
+    The YAML is read by :func:`servetune.yamlsafe.load_yaml` (size, depth and alias expansion
+    bounded; duplicate keys and NUL characters refused) and validated in pydantic's strict mode."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlRefused as exc:
+        raise SpecError(source, [SpecIssue(exc.path, exc.message)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(source, [SpecIssue("", f"malformed YAML at {where}: {problem}")]) from None
+    except ValueError as exc:  # a scalar YAML cannot build, e.g. an integer of 5,000 digits
+        raise SpecError(source, [SpecIssue("", f"malformed YAML: {exc}")]) from None
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", f"expected a mapping at the top level, got {type(data).__name__}")])
     if base_dir is not None:
@@ -656,7 +692,7 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
     if base_dir is not None:
         data, file_issues = _resolve_dataset_files(data, base_dir)
     try:
-        spec = ExperimentSpec.model_validate(data)
+        spec = ExperimentSpec.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SpecError(source, file_issues + _issues_from_validation(exc)) from None
     if file_issues:
@@ -667,8 +703,15 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
     return spec
 
 
+#: The largest dataset file a spec may name, in bytes (4 GiB; ShareGPT's V3 file is about 0.7 GB).
+MAX_DATASET_BYTES = 4 << 30
+
+
 def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], list[SpecIssue]]:
-    """Make file datasets' paths absolute and record each file's sha256 (checked if the spec gives one)."""
+    """Make file datasets' paths absolute and record each file's sha256 (checked if the spec gives one).
+
+    Only a regular file of at most :data:`MAX_DATASET_BYTES` is read (``/dev/zero``, a FIFO or a
+    folder is refused before a byte is read), hashed in chunks."""
     import hashlib
 
     issues: list[SpecIssue] = []
@@ -682,11 +725,16 @@ def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[s
             path = Path(os.path.expanduser(ds["path"]))
             path = path if path.is_absolute() else (base_dir / path).resolve()
             where = f"load_points[{i}].dataset.path"
+            digest: str | None = None
             try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                hasher = hashlib.sha256()
+                for chunk in iter_regular_file(path, MAX_DATASET_BYTES, what="dataset file"):
+                    hasher.update(chunk)
+                digest = hasher.hexdigest()
+            except YamlRefused as exc:
+                issues.append(SpecIssue(where, exc.message))
             except OSError as exc:
                 issues.append(SpecIssue(where, f"cannot read dataset file {path}: {exc.strerror or exc}"))
-                digest = None
             if digest and ds.get("sha256") not in (None, digest):
                 issues.append(SpecIssue(f"load_points[{i}].dataset.sha256",
                                         f"{path} has sha256 {digest}, not {ds['sha256']}"))
@@ -717,6 +765,8 @@ def _issues_from_validation(exc: ValidationError) -> list[SpecIssue]:
             msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
+        elif err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), bool):
+            msg = f"expected a number, got the boolean {err['input']} ({_BOOL_HINT})"
         else:
             msg = f"{msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err["input"], dict) else msg
         issues.append(SpecIssue(_loc_to_path(loc), msg))

@@ -1,0 +1,177 @@
+"""Strict specs: every bad input a new user might try is refused fast with its YAML path, exit 2
+from `validate` and `sweep`, and nothing written; nothing crashes, hangs or exhausts memory.
+
+What could hang or exhaust memory (an alias bomb, a FIFO, /dev/zero) runs in one child process
+under a wall-clock timeout and an address-space limit, so a regression fails by being killed
+instead of by a timed assertion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import main
+from servetune.errors import SpecError
+from servetune.spec import parse_spec
+from servetune.yamlsafe import MAX_ALIASES, MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
+from tests.test_spec import GOOD
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Nine lines that expand to 9^9 strings (the "billion laughs").
+ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
+) + "name: bomb\nload_points: [{name: a, request_rate: 1, num_requests: 1}]\n"
+
+
+def _issues(text: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="t.yaml")
+    return [str(i) for i in info.value.issues]
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        (GOOD + "backend: {kind: vllm}\nbackend: {kind: openai, base_url: 'http://x:1'}\n",
+         "backend: duplicate key 'backend' (first at line"),
+        (GOOD.replace("max_num_seqs: [2, 8]", "max_num_seqs: [2, 8]\n    max_num_seqs: [4]"),
+         "engine.grid.max_num_seqs: duplicate key 'max_num_seqs'"),
+        (GOOD.replace("repeats: 2", "repeats: yes"), "repeats: expected a number, got the boolean True"),
+        (GOOD.replace("max_num_seqs: [2, 8]", "max_num_seqs: [2, yes]"),
+         "engine.grid.max_num_seqs[1]: expected a number, got the boolean True"),
+        (GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_seqs: yes}"),
+         "engine.fixed.max_num_seqs: expected a number, got the boolean True"),
+        (GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, block_size: yes}"),
+         "engine.fixed.block_size: expected a number, got the boolean True"),
+        (GOOD.replace("request_rate: 4", "request_rate: .inf"), "load_points[0].request_rate: Input should be a finite"),
+        (GOOD.replace("request_rate: 4", "request_rate: .nan"), "load_points[0].request_rate: Input should be a finite"),
+        (GOOD.replace("max_ms: 500", "max_ms: -.inf"), "slos[0].max_ms: Input should be a finite number"),
+        (GOOD.replace("max_ms: 500", "max_ms: '500'"), "slos[0].max_ms: Input should be a valid number"),
+        (GOOD.replace("VLLM_CPU_KVCACHE_SPACE: 1", 'VLLM_CPU_KVCACHE_SPACE: "1\\0"'),
+         "engine.env.VLLM_CPU_KVCACHE_SPACE: contains a NUL character"),
+        (GOOD + "description: &d [*d]\n", "description[0]: an alias refers to a node that contains it"),
+        (GOOD + "---\nname: two\n", "expected one YAML document, found another"),
+        ("name: deep\ndescription: " + "[" * 50_000 + "]" * 50_000 + "\n", f"nested deeper than {MAX_DEPTH} levels"),
+        ("k0:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)),
+         "k0.k1.k2.k3.k4.k5.k6.k7.k8.k9.k10.k11.k12.k13.k14.k15.k16.k17.k18.k19.k20.k21.k22"),
+        ("name: n\ndescription: [" + ",".join(["1"] * (MAX_NODES + 1)) + "]\n", f"holds more than {MAX_NODES:,}"),
+        ("a: &a x\nb: [" + ",".join(["*a"] * (MAX_ALIASES + 1)) + "]\n", f"more than {MAX_ALIASES} aliases"),
+        ("name: big\ndescription: '" + "x" * MAX_SPEC_BYTES + "'\n", f"larger than {MAX_SPEC_BYTES:,} bytes"),
+        ("name: n\nrepeats: " + "1" * 5000 + "\n", "malformed YAML"),
+    ],
+)
+def test_bad_yaml_and_values_refused_with_their_path(text: str, needle: str) -> None:
+    issues = _issues(text)
+    assert any(needle in i for i in issues), issues
+
+
+def test_the_bounded_loader_reads_what_yaml_reads() -> None:
+    """Anchors, aliases, merge keys (which may override merged keys), tags and flow/block styles
+    load exactly as PyYAML's safe loader reads them."""
+    import yaml
+
+    text = textwrap.dedent(
+        """
+        base: &base {request_rate: 4, num_requests: 8}
+        points:
+          - {<<: *base, name: a}
+          - <<: *base
+            name: b
+            request_rate: 2
+        tags: [!!str 3, 2020-01-01, 0x10, 1e3, ~, 'q', "d"]
+        shared: &s [1, {c: d}]
+        again: *s
+        """
+    )
+    assert load_yaml(text) == yaml.safe_load(text)
+    assert load_yaml("") is None
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "mutation,needle",
+    [
+        (("request_rate: 4", "request_rate: .inf"), "load_points[0].request_rate: Input should be a finite number"),
+        (("repeats: 2", "repeats: yes"), "repeats: expected a number, got the boolean True"),
+        (("repeats: 2", "repeats: 2\nbackend: {kind: vllm}\nbackend: {kind: vllm}"), "backend: duplicate key"),
+        (("VLLM_CPU_KVCACHE_SPACE: 1", 'VLLM_CPU_KVCACHE_SPACE: "\\0"'), "contains a NUL character"),
+    ],
+)
+def test_validate_and_sweep_exit_2_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutation: tuple[str, str], needle: str
+) -> None:
+    spec_file = tmp_path / "bad.yaml"
+    spec_file.write_text(GOOD.replace(*mutation))
+    root = tmp_path / "runs"
+    for argv in (["validate", str(spec_file)], ["sweep", str(spec_file), "--results-root", str(root)]):
+        code, err = _cli(capsys, *argv)
+        assert code == 2 and needle in err, (argv, code, err)
+    assert not root.exists(), "an invalid spec must not create anything"
+
+
+#: Run in a child under `timeout` and an address-space limit: every case through the real CLI,
+#: both commands; prints one JSON line per command.
+_CHILD = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from coordinator.cli import main
+    for spec_file, root in json.loads(sys.argv[1]):
+        for argv in (["validate", spec_file], ["sweep", spec_file, "--results-root", root]):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = main(argv)
+            print(json.dumps({"argv": argv, "code": code, "err": err.getvalue()}), flush=True)
+    """
+)
+
+
+def _limit_memory() -> None:
+    import resource
+
+    limit = 1536 << 20  # 1.5 GiB of address space: the interpreter and its imports need about 0.7
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(ALIAS_BOMB)
+    fifo_spec = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo_spec)
+    fifo_data = tmp_path / "data.jsonl"
+    os.mkfifo(fifo_data)
+    dataset = "dataset: {kind: jsonl, path: %s}, input_len: 32, output_len: 16}"
+    cases = {
+        "bomb": (bomb, "expands to more than 100,000 values"),
+        "fifo-spec": (fifo_spec, "is not a regular file (a FIFO): a spec file must be one"),
+    }
+    for name, path in (("dev-zero", "/dev/zero"), ("fifo-data", str(fifo_data))):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(GOOD.replace("input_len: 32, output_len: 16}", dataset % path, 1))
+        kind = "a character device" if name == "dev-zero" else "a FIFO"
+        cases[name] = (spec, f"load_points[0].dataset.path: {path} is not a regular file ({kind})")
+    runs = {name: str(tmp_path / f"runs-{name}") for name in cases}
+    arg = json.dumps([[str(path), runs[name]] for name, (path, _) in cases.items()])
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "90", sys.executable, "-c", _CHILD, arg], capture_output=True, text=True,
+        timeout=120, cwd=REPO, preexec_fn=_limit_memory,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(results) == 2 * len(cases), proc.stdout
+    for (name, (_, needle)), pair in zip(cases.items(), zip(results[::2], results[1::2])):
+        for result in pair:
+            assert result["code"] == 2 and needle in result["err"], (name, result)
+        assert not Path(runs[name]).exists(), name
