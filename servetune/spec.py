@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import types
@@ -42,6 +43,12 @@ from pydantic import (
 
 from servetune.errors import SpecError, SpecIssue
 from servetune.yamlsafe import MAX_SPEC_BYTES, YamlRefused, iter_regular_file, load_yaml, read_regular_file
+
+#: The most engine configs a spec may describe under ``planner.kind: grid``, and the most any
+#: design may plan (``planner.n_configs``). A larger space is refused (its size is computed as a
+#: product, never listed) with the advice to sample it: ``random`` and ``quasi-random`` draw from it
+#: without listing it.
+MAX_GRID_CONFIGS = 10_000
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$"
 #: Load point names with this character are made by rate sweeps (``name@sync``, ``name@max``, ``name@12.5rps``).
@@ -217,9 +224,12 @@ class EngineSpace(StrictModel):
         out += [(f"env.{k}", list(v)) for k, v in sorted(self.env_grid.items())]
         return out
 
-    def config_at(self, levels: typing.Sequence[int]) -> tuple[EngineArgs, dict[str, str]]:
-        """The grid config at one level index per axis of :meth:`axes`, merged over ``fixed``/``env``."""
-        axes = self.axes()
+    def config_at(
+        self, levels: typing.Sequence[int], axes: list[tuple[str, list[Any]]] | None = None
+    ) -> tuple[EngineArgs, dict[str, str]]:
+        """The grid config at one level index per axis of :meth:`axes` (or of ``axes``, e.g.
+        :meth:`unique_axes`), merged over ``fixed``/``env``."""
+        axes = self.axes() if axes is None else axes
         if len(levels) != len(axes):
             raise ValueError(f"{len(levels)} level(s) given for {len(axes)} axes")
         args: dict[str, Any] = self.fixed.model_dump(exclude_none=True)
@@ -230,6 +240,47 @@ class EngineSpace(StrictModel):
             else:
                 args[name] = values[level]
         return EngineArgs(**args), env
+
+    def unique_axes(self) -> list[tuple[str, list[Any]]]:
+        """:meth:`axes` with each value kept once (first occurrence): their product lists the
+        grid's distinct configs in :meth:`expand`'s order."""
+        return [(name, list({(type(v).__name__, v): v for v in values}.values())) for name, values in self.axes()]
+
+    def _grid_included(self) -> bool:
+        return any(not name.startswith("env.") for name, _ in self.axes()) or not self.configs
+
+    def size(self) -> int:
+        """How many engine configs this space describes, computed without listing them: the grid's
+        product over :meth:`unique_axes` plus every explicit config times the ``env_grid``
+        combinations. Exact unless an explicit config repeats another config (then an upper bound)."""
+        axes = self.unique_axes()
+        env_combos = math.prod(len(v) for name, v in axes if name.startswith("env."))
+        return (math.prod(len(v) for _, v in axes) if self._grid_included() else 0) + len(self.configs) * env_combos
+
+    def count(self) -> int:
+        """``len(self.expand())`` where the space is within :data:`MAX_GRID_CONFIGS` (exact), else
+        :meth:`size` (never listed)."""
+        size = self.size()
+        return len(self.expand()) if size <= MAX_GRID_CONFIGS else size
+
+    def config_by_index(self, index: int) -> tuple[EngineArgs, dict[str, str]]:
+        """Config ``index`` (0 <= index < :meth:`size`) of the space in :meth:`expand`'s order, before
+        duplicates are removed: built alone, without listing the space (for sampling a large one)."""
+        axes = self.unique_axes()
+        grid_size = math.prod(len(v) for _, v in axes) if self._grid_included() else 0
+        if index < grid_size:
+            return self.config_at(_unrank(index, [len(v) for _, v in axes]), axes)
+        env_axes = [(name, v) for name, v in axes if name.startswith("env.")]
+        explicit, combo = divmod(index - grid_size, math.prod(len(v) for _, v in env_axes))
+        levels = _unrank(combo, [len(v) for _, v in env_axes])
+        env = {**self.env, **{n.removeprefix("env."): v[i] for (n, v), i in zip(env_axes, levels)},
+               **self.configs[explicit].env}
+        extra = self.configs[explicit].model_dump(exclude_none=True, exclude={"env"})
+        return EngineArgs(**{**self.fixed.model_dump(exclude_none=True), **extra}), env
+
+    def env_names(self) -> set[str]:
+        """Every environment variable some config of this space sets (without listing the space)."""
+        return set(self.env) | set(self.env_grid) | {k for c in self.configs for k in c.env}
 
     def expand(self) -> list[tuple[EngineArgs, dict[str, str]]]:
         """Every engine configuration this space describes, in a stable order, duplicates removed."""
@@ -256,6 +307,15 @@ class EngineSpace(StrictModel):
                 env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo)), **explicit.env}
                 add(EngineArgs(**{**base, **extra}), env)
         return out
+
+
+def _unrank(index: int, radices: list[int]) -> tuple[int, ...]:
+    """The level indices at position ``index`` of ``itertools.product`` over ranges of ``radices``."""
+    levels = []
+    for radix in reversed(radices):
+        index, level = divmod(index, radix)
+        levels.append(level)
+    return tuple(reversed(levels))
 
 
 def config_key(args: EngineArgs, env: dict[str, str]) -> str:
@@ -488,7 +548,7 @@ class PlannerSpec(StrictModel):
 
     kind: PlannerKind = "grid"
     n_configs: int | None = Field(
-        None, ge=1, validate_default=True, description="random / quasi-random: how many engine configs to sample"
+        None, ge=1, le=MAX_GRID_CONFIGS, validate_default=True, description="random / quasi-random: how many engine configs to sample"
     )
     randomize: bool = True
     seed: int = Field(0, ge=0)
@@ -867,7 +927,14 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
                                 "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
                                 "into engine.grid or use planner.kind 'random'"))
-    env_names = {k for _, env in spec.engine.expand() for k in env}
+    size = spec.engine.size()
+    if size > MAX_GRID_CONFIGS and spec.planner.kind == "grid":
+        axes = " x ".join(f"{len(v)} {name}" for name, v in spec.engine.unique_axes())
+        issues.append(SpecIssue("engine", (
+            f"the engine space describes {size:,} configs ({axes}{' + explicit configs' if spec.engine.configs else ''}"
+            f"), more than the {MAX_GRID_CONFIGS:,} a grid design may run: sample it with planner: "
+            "{kind: random, n_configs: N} or {kind: quasi-random, n_configs: N}, or shrink the grid")))
+    env_names = spec.engine.env_names()
     env_names |= set(spec.baseline.engine.env) if spec.baseline is not None else set()
     refused = refused_server_env(env_names)
     if refused:
@@ -881,7 +948,7 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if names.index(name) != i:
             issues.append(SpecIssue(f"load_points[{i}].name", f"duplicate load point name {name!r}"))
     arch = model_architecture(spec.model)
-    configs = spec.engine.expand()
+    configs = spec.engine.expand() if size <= MAX_GRID_CONFIGS else _representatives(spec.engine)
     if spec.baseline is not None:
         base = spec.engine.fixed.model_dump(exclude_none=True)
         extra = spec.baseline.engine.model_dump(exclude_none=True, exclude={"env"})
@@ -919,6 +986,38 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if issue not in unique:
             unique.append(issue)
     return unique
+
+
+#: The engine args :func:`engine_combination_problems` reads; for the first three its rules only
+#: compare against bounds, so a space's smallest and largest values find every refused combination.
+_RULE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
+              "tensor_parallel_size")
+
+
+def _representatives(space: EngineSpace) -> list[tuple[EngineArgs, dict[str, str]]]:
+    """Configs of a space too large to list that include every combination the spec checks refuse:
+    each explicit config, and the grid's configs over the extremes of ``max_num_seqs``,
+    ``max_num_batched_tokens`` and ``max_model_len`` and every value of the other rule args
+    (at most 2 x 2 x 2 x 3 x 64 configs); the other args at their first value."""
+    configs: list[tuple[EngineArgs, dict[str, str]]] = []
+    if space._grid_included():
+        fixed = space.fixed.model_dump()
+        swept = dict(space.unique_axes())
+        choices: list[list[Any]] = []
+        for name in EngineArgs.model_fields:
+            values = swept.get(name, [fixed[name]])
+            if name not in _RULE_ARGS:
+                values = values[:1]
+            elif name in _RULE_ARGS[:3] and len(values) > 2:
+                values = [min(values), max(values)]
+            choices.append(values)
+        for combo in itertools.product(*choices):
+            args = {k: v for k, v in zip(EngineArgs.model_fields, combo) if v is not None}
+            configs.append((EngineArgs(**args), dict(space.env)))
+    base = space.fixed.model_dump(exclude_none=True)
+    for explicit in space.configs:
+        configs.append((EngineArgs(**{**base, **explicit.model_dump(exclude_none=True, exclude={"env"})}), explicit.env))
+    return configs
 
 
 def _describe(args: EngineArgs, env: dict[str, str]) -> str:

@@ -20,6 +20,7 @@ from coordinator.cli import main
 from servetune.errors import SpecError
 from servetune.spec import parse_spec
 from servetune.yamlsafe import MAX_ALIASES, MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
+from tests.test_planner_designs import BIG
 from tests.test_spec import GOOD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,8 +153,11 @@ def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> No
     fifo_data = tmp_path / "data.jsonl"
     os.mkfifo(fifo_data)
     dataset = "dataset: {kind: jsonl, path: %s}, input_len: 32, output_len: 16}"
+    big = tmp_path / "big.yaml"
+    big.write_text(BIG)  # listing its 700,000 configs took minutes and gigabytes
     cases = {
         "bomb": (bomb, "expands to more than 100,000 values"),
+        "big-grid": (big, "engine: the engine space describes 700,000 configs"),
         "fifo-spec": (fifo_spec, "is not a regular file (a FIFO): a spec file must be one"),
     }
     for name, path in (("dev-zero", "/dev/zero"), ("fifo-data", str(fifo_data))):
