@@ -19,6 +19,16 @@ from servetune.spec import MAX_GRID_CONFIGS, ExperimentSpec, config_key
 MAX_SOBOL_POINTS = 1 << 16
 
 
+def needs_run(latest: Any | None, retry_failed: bool) -> bool:
+    """The resume rule, for planned trials and rate-sweep follow-ups alike: run a trial with no
+    finished attempt (``latest`` is None: a hole) or whose latest one failed in ``transport``;
+    one that failed as a ``measurement`` (or any other kind) only with ``retry_failed``; never an ok one.
+    ``latest`` is the store's latest finished attempt (``status``, ``failure_kind``)."""
+    if latest is None:
+        return True
+    return bool(latest.status == "failed" and (latest.failure_kind == "transport" or retry_failed))
+
+
 def plan_experiment(spec: ExperimentSpec) -> Plan:
     """The plan of ``spec`` under ``planner.kind``; ``Plan.design`` names the design used."""
     kind = spec.planner.kind
