@@ -33,8 +33,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -365,7 +367,16 @@ class LengthDist(StrictModel):
         return self.mean
 
 
-Length = Annotated[int, Field(ge=1, le=1_000_000)] | LengthDist
+def _length_kind(value: Any) -> str:
+    return "<distribution>" if isinstance(value, (dict, LengthDist)) else "<tokens>"
+
+
+#: A token length: a number of tokens or a distribution. Tagged, so an error names the one the
+#: value is meant as (a mapping: the distribution); tags in angle brackets are left out of YAML paths.
+Length = Annotated[
+    Union[Annotated[int, Field(ge=1, le=1_000_000), Tag("<tokens>")], Annotated[LengthDist, Tag("<distribution>")]],
+    Discriminator(_length_kind),
+]
 
 
 class RandomDataset(StrictModel):
@@ -398,6 +409,8 @@ class FileDataset(StrictModel):
 
 
 Dataset = Annotated[Union[RandomDataset, SharedPrefixDataset, FileDataset], Field(discriminator="kind")]
+_DATASET_KINDS = {kind for m in (RandomDataset, SharedPrefixDataset, FileDataset)
+                  for kind in typing.get_args(m.model_fields["kind"].annotation)}
 
 
 class StopConditions(StrictModel):
@@ -805,9 +818,11 @@ def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[s
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
-        if part == "[key]":
-            continue  # pydantic's marker for "the key itself is bad": the path already ends with it
+    for i, part in enumerate(loc):
+        if part == "[key]" or (isinstance(part, str) and part.startswith("<")):
+            continue  # "[key]": the key itself is bad (the path already ends with it); "<...>": a union's tag
+        if i and loc[i - 1] == "dataset" and part in _DATASET_KINDS:
+            continue  # the dataset union's tag (its kind), not a key
         if isinstance(part, int):
             out += f"[{part}]"
         else:

@@ -7,18 +7,23 @@ instead of by a timed assertion."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from pydantic import BaseModel
 
 from coordinator.cli import main
 from servetune.errors import SpecError
-from servetune.spec import parse_spec
+from servetune.spec import ExperimentSpec, parse_spec
 from servetune.yamlsafe import MAX_ALIASES, MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
 from tests.test_planner_designs import BIG
 from tests.test_spec import GOOD
@@ -179,3 +184,78 @@ def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> No
         for result in pair:
             assert result["code"] == 2 and needle in result["err"], (name, result)
         assert not Path(runs[name]).exists(), name
+
+
+#: A spec that uses every section, so an unknown key can be put in each.
+FULL: dict[str, Any] = {
+    "name": "full",
+    "model": {"source": "tiny"},
+    "engine": {
+        "fixed": {"max_model_len": 512},
+        "grid": {"max_num_seqs": [2, 4]},
+        "configs": [{"max_num_seqs": 8, "env": {"VLLM_Y": "1"}}],
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    },
+    "load_points": [
+        {"name": "a", "request_rate": 4, "num_requests": 8, "input_len": {"dist": "uniform", "min": 8, "max": 32},
+         "output_len": 16, "dataset": {"kind": "random"}, "stop": {"max_errors": 3}},
+        {"name": "b", "max_concurrency": 4, "num_requests": 8, "input_len": 64,
+         "dataset": {"kind": "shared_prefix", "num_prefixes": 2, "suffixes_per_prefix": 2, "prefix_len": 16}},
+        {"name": "c", "max_concurrency": 4, "num_requests": 8, "dataset": {"kind": "jsonl", "path": "/data.jsonl"}},
+        {"name": "d", "num_requests": 8, "rate_sweep": {"num_rates": 2}},
+    ],
+    "slos": [{"metric": "ttft_ms", "max_ms": 500}],
+    "ranking": {"objective": "output_throughput"},
+    "repeats": 1,
+    "baseline": {"engine": {"max_num_seqs": 2}},
+    "planner": {"kind": "grid"},
+    "budgets": {"trial_timeout_s": 600},
+    "backend": {"kind": "vllm"},
+}
+
+SECTIONS = ["", "model", "engine", "engine.fixed", "engine.grid", "engine.configs[0]", "load_points[0]",
+            "load_points[0].input_len", "load_points[0].dataset", "load_points[1].dataset", "load_points[2].dataset",
+            "load_points[0].stop", "load_points[3].rate_sweep", "slos[0]", "ranking", "baseline", "baseline.engine",
+            "planner", "budgets", "backend"]
+
+
+def _parts(path: str) -> list[str | int]:
+    return [int(p) if p.isdigit() else p for p in path.replace("]", "").replace("[", ".").split(".") if p]
+
+
+def _reachable_models(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[BaseModel]]:
+    seen.add(model)
+    for info in model.model_fields.values():
+        stack = [info.annotation]
+        while stack:
+            ann = stack.pop()
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                if ann not in seen:
+                    _reachable_models(ann, seen)
+            else:
+                stack.extend(typing.get_args(ann))
+    return seen
+
+
+def test_every_section_is_covered_below() -> None:
+    """SECTIONS reaches every model of the spec: a new section must be added there (and so tested)."""
+    spec = parse_spec(yaml.safe_dump(FULL))
+    covered = set()
+    for path in SECTIONS:
+        obj: Any = spec
+        for part in _parts(path):
+            obj = obj[part] if isinstance(part, int) else getattr(obj, part)
+        covered.add(type(obj))
+    assert covered == _reachable_models(ExperimentSpec, set())
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_unknown_keys_are_refused_in_every_section(section: str) -> None:
+    data = copy.deepcopy(FULL)
+    target: Any = data
+    for part in _parts(section):
+        target = target[part]
+    target["warmup_request"] = 3  # a typo of load_points[].warmup_requests: silently dropped if allowed
+    issues = _issues(yaml.safe_dump(data))
+    where = f"{section}.warmup_request" if section else "warmup_request"
+    assert any(i.startswith(f"{where}: unknown key 'warmup_request'") for i in issues), issues
