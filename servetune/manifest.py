@@ -22,6 +22,7 @@ from servetune.canonical import drop_added_defaults, sha256_json
 from servetune.spec import (
     DERIVED_MARK,
     MAX_GRID_CONFIGS,
+    MAX_MODEL_CONFIG_BYTES,
     EngineArgs,
     EngineSpace,
     ExperimentSpec,
@@ -30,6 +31,7 @@ from servetune.spec import (
     config_key,
 )
 from servetune.tiny import tiny_identity
+from servetune.yamlsafe import read_regular_file
 
 MANIFEST_VERSION = 1
 
@@ -150,8 +152,8 @@ def model_identity(spec: ModelSpec) -> dict[str, str]:
     assert spec.path is not None
     path = Path(spec.path)
     try:
-        digest = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
-    except OSError:
+        digest = hashlib.sha256(read_regular_file(path / "config.json", MAX_MODEL_CONFIG_BYTES)).hexdigest()
+    except (OSError, ValueError):  # missing, or not a regular file (refused by the spec check)
         digest = "unreadable"
     return {"source": "path", "name": path.name, "config_sha256": digest}
 

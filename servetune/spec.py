@@ -776,6 +776,8 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
     return spec
 
 
+#: The largest model ``config.json`` read (16 MiB; real ones are a few KB).
+MAX_MODEL_CONFIG_BYTES = 16 << 20
 #: The largest dataset file a spec may name, in bytes (4 GiB; ShareGPT's V3 file is about 0.7 GB).
 MAX_DATASET_BYTES = 4 << 30
 
@@ -885,8 +887,8 @@ def model_architecture(spec: ModelSpec) -> dict[str, Any] | None:
         return dict(TINY_MODEL_CONFIG)
     if spec.source == "path" and spec.path:
         cfg = Path(spec.path) / "config.json"
-        try:
-            loaded = json.loads(cfg.read_text(encoding="utf-8"))
+        try:  # a FIFO or a device named config.json is refused, never read
+            loaded = json.loads(read_regular_file(cfg, MAX_MODEL_CONFIG_BYTES, what="model config.json"))
         except (OSError, ValueError):
             return None
         return loaded if isinstance(loaded, dict) else None

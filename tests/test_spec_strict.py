@@ -170,6 +170,12 @@ def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> No
         spec.write_text(GOOD.replace("input_len: 32, output_len: 16}", dataset % path, 1))
         kind = "a character device" if name == "dev-zero" else "a FIFO"
         cases[name] = (spec, f"load_points[0].dataset.path: {path} is not a regular file ({kind})")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    os.mkfifo(model_dir / "config.json")
+    model_spec = tmp_path / "fifo-model.yaml"
+    model_spec.write_text(GOOD.replace("model: {source: tiny}", f"model: {{source: path, path: {model_dir}}}"))
+    cases["fifo-model-config"] = (model_spec, f"model.path: no config.json in model folder {model_dir}")
     runs = {name: str(tmp_path / f"runs-{name}") for name in cases}
     arg = json.dumps([[str(path), runs[name]] for name, (path, _) in cases.items()])
     proc = subprocess.run(
