@@ -132,12 +132,11 @@ _CHILD = textwrap.dedent(
     """
     import contextlib, io, json, sys
     from coordinator.cli import main
-    for spec_file, root in json.loads(sys.argv[1]):
-        for argv in (["validate", spec_file], ["sweep", spec_file, "--results-root", root]):
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                code = main(argv)
-            print(json.dumps({"argv": argv, "code": code, "err": err.getvalue()}), flush=True)
+    for argv in json.loads(sys.argv[1]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = main(argv)
+        print(json.dumps({"argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue()}), flush=True)
     """
 )
 
@@ -177,7 +176,16 @@ def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> No
     model_spec.write_text(GOOD.replace("model: {source: tiny}", f"model: {{source: path, path: {model_dir}}}"))
     cases["fifo-model-config"] = (model_spec, f"model.path: no config.json in model folder {model_dir}")
     runs = {name: str(tmp_path / f"runs-{name}") for name in cases}
-    arg = json.dumps([[str(path), runs[name]] for name, (path, _) in cases.items()])
+    argvs = [argv for name, (path, _) in cases.items()
+             for argv in (["validate", str(path)], ["sweep", str(path), "--results-root", runs[name]])]
+    # Sampled designs over the same 700,000 configs plan without listing them (listing took gigabytes).
+    sampled = {}
+    for kind in ("random", "quasi-random"):
+        sampled[kind] = tmp_path / f"big-{kind}.yaml"
+        sampled[kind].write_text(BIG + f"planner: {{kind: {kind}, n_configs: 30}}\n")
+    argvs += [["validate", str(sampled["random"])],
+              ["sweep", str(sampled["quasi-random"]), "--dry-run", "--results-root", str(tmp_path / "runs-dry")]]
+    arg = json.dumps(argvs)
     proc = subprocess.run(
         ["timeout", "-s", "KILL", "90", sys.executable, "-c", _CHILD, arg], capture_output=True, text=True,
         timeout=120, cwd=REPO, preexec_fn=_limit_memory,
@@ -185,7 +193,11 @@ def test_what_could_hang_or_exhaust_memory_is_refused_fast(tmp_path: Path) -> No
     )
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     results = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert len(results) == 2 * len(cases), proc.stdout
+    assert len(results) == 2 * len(cases) + 2, proc.stdout
+    for result, design in zip(results[-2:], ("random", "quasi-random")):
+        assert result["code"] == 0, result
+        assert f"{design} design" in result["out"] and "30 of 700000 engine configs" in result["out"], result
+    results = results[:-2]
     for (name, (_, needle)), pair in zip(cases.items(), zip(results[::2], results[1::2])):
         for result in pair:
             assert result["code"] == 2 and needle in result["err"], (name, result)
