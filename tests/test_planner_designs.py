@@ -16,9 +16,9 @@ from coordinator.dataset import build_dataset
 from coordinator.planning import plan_experiment
 from coordinator.store import Store
 from servetune.canonical import sha256_json
-from servetune.errors import SpecError
 from servetune.manifest import Plan, plan_grid
 from servetune.spec import ExperimentSpec, config_key, load_spec, parse_spec
+from tests.test_spec import _issues
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,12 +140,6 @@ def test_baseline_batches_are_not_sampled() -> None:
     plan = plan_experiment(spec)
     assert len(_config_ids(plan)) == 3
     assert plan.batches[0].is_baseline and plan.batches[-1].is_baseline
-
-
-def _issues(text: str) -> list[str]:
-    with pytest.raises(SpecError) as info:
-        parse_spec(text, source="t.yaml")
-    return [str(i) for i in info.value.issues]
 
 
 @pytest.mark.parametrize(

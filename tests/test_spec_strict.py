@@ -22,11 +22,10 @@ import yaml
 from pydantic import BaseModel
 
 from coordinator.cli import main
-from servetune.errors import SpecError
 from servetune.spec import ExperimentSpec, parse_spec
 from servetune.yamlsafe import MAX_ALIASES, MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
 from tests.test_planner_designs import BIG
-from tests.test_spec import GOOD
+from tests.test_spec import GOOD, _issues
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,12 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
 ) + "name: bomb\nload_points: [{name: a, request_rate: 1, num_requests: 1}]\n"
-
-
-def _issues(text: str) -> list[str]:
-    with pytest.raises(SpecError) as info:
-        parse_spec(text, source="t.yaml")
-    return [str(i) for i in info.value.issues]
 
 
 @pytest.mark.parametrize(
