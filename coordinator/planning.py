@@ -13,10 +13,20 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from servetune.manifest import EngineConfig, Plan, plan_configs, plan_grid, plan_random, sample_count
-from servetune.spec import ExperimentSpec, config_key
+from servetune.spec import MAX_GRID_CONFIGS, ExperimentSpec, config_key
 
 #: Sobol points drawn at most while looking for distinct configs, before the rest is filled at random.
 MAX_SOBOL_POINTS = 1 << 16
+
+
+def needs_run(latest: Any | None, retry_failed: bool) -> bool:
+    """The resume rule, for planned trials and rate-sweep follow-ups alike: run a trial with no
+    finished attempt (``latest`` is None: a hole) or whose latest one failed in ``transport``;
+    one that failed as a ``measurement`` (or any other kind) only with ``retry_failed``; never an ok one.
+    ``latest`` is the store's latest finished attempt (``status``, ``failure_kind``)."""
+    if latest is None:
+        return True
+    return bool(latest.status == "failed" and (latest.failure_kind == "transport" or retry_failed))
 
 
 def plan_experiment(spec: ExperimentSpec) -> Plan:
@@ -39,6 +49,8 @@ def plan_quasi_random(spec: ExperimentSpec) -> Plan:
     Explicit ``engine.configs`` are not on the axes (the spec check refuses them with this design).
     """
     space = spec.engine
+    if space.size() > MAX_GRID_CONFIGS:
+        return _plan_quasi_random_large(spec)
     everything = space.expand()
     index = {config_key(a, e): i for i, (a, e) in enumerate(everything)}
     n, notes = sample_count(spec, len(everything))
@@ -62,6 +74,30 @@ def plan_quasi_random(spec: ExperimentSpec) -> Plan:
                       f"{len(filler)} more were drawn uniformly at random",)
             chosen += filler
     configs = [EngineConfig(args=everything[i][0], env=everything[i][1]) for i in sorted(chosen)]
+    return plan_configs(spec, configs, design="quasi-random", notes=notes)
+
+
+def _plan_quasi_random_large(spec: ExperimentSpec) -> Plan:
+    """:func:`plan_quasi_random` for a space too large to list: the Sobol points' levels over
+    :meth:`~servetune.spec.EngineSpace.unique_axes` name configs directly (the space is the grid's
+    product: explicit configs are refused with this design), filled at random if they repeat."""
+    space = spec.engine
+    axes = space.unique_axes()
+    counts = [len(values) for _, values in axes]
+    n, notes = sample_count(spec, space.size())
+    chosen: dict[tuple[int, ...], None] = {}
+    for levels in sobol_levels(counts, spec.planner.seed, MAX_SOBOL_POINTS):
+        chosen.setdefault(levels)
+        if len(chosen) == n:
+            break
+    n_sobol = len(chosen)
+    filler = random.Random(f"servetune-quasi-random-fill:{spec.planner.seed}")
+    while len(chosen) < n:
+        chosen.setdefault(tuple(filler.randrange(k) for k in counts))
+    if len(chosen) > n_sobol:
+        notes += (f"{MAX_SOBOL_POINTS} Sobol points gave only {n_sobol} distinct configs; "
+                  f"{len(chosen) - n_sobol} more were drawn uniformly at random",)
+    configs = [EngineConfig(args=a, env=e) for a, e in (space.config_at(lv, axes) for lv in sorted(chosen))]
     return plan_configs(spec, configs, design="quasi-random", notes=notes)
 
 

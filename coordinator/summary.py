@@ -34,7 +34,7 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     sampled = ""
     if plan.design != "grid":
         n_sampled = len({b.config_id for b in plan.batches if not b.is_baseline})
-        sampled = f" ({n_sampled} of {len(spec.engine.expand())} engine configs, seed {spec.planner.seed})"
+        sampled = f" ({n_sampled} of {spec.engine.count()} engine configs, seed {spec.planner.seed})"
     table = Table(title=f"plan for {spec.name}: {plan.design} design{sampled}, order "
                         + (f"randomised (seed {plan.seed})" if plan.randomized else "as written"))
     table.add_column("#", justify="right")

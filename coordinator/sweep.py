@@ -51,7 +51,7 @@ from coordinator.dataset import write_dataset
 from coordinator.dataset_writer import DatasetWriter
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
-from coordinator.planning import plan_experiment
+from coordinator.planning import needs_run, plan_experiment
 from coordinator.progress import SweepProgress
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
@@ -147,11 +147,9 @@ def select_work(plan: Plan, store: Store, retry_failed: bool) -> tuple[list[Batc
         todo = []
         for m in batch.trials:
             att = latest.get(m.trial_id)
-            if att is None or (att.status == "failed" and att.failure_kind == "transport"):
+            if needs_run(att, retry_failed):
                 todo.append(m)
-            elif att.status == "failed" and retry_failed:
-                todo.append(m)
-            else:
+            elif att is not None:
                 skipped[m.trial_id] = att.status if att.status == "ok" else f"failed ({att.failure_kind})"
         if todo:
             work.append(BatchWork(batch=batch, trials=tuple(todo)))
@@ -232,8 +230,7 @@ def expand_rate_sweeps(
         store.add_trials(spec_hash, manifests, batch_index)
         todo = []
         for m in manifests:
-            att = latest.get(m.trial_id)
-            if att is None or (att.status == "failed" and (att.failure_kind == "transport" or retry_failed)):
+            if needs_run(latest.get(m.trial_id), retry_failed):
                 todo.append(m)
         if todo:
             planned = PlannedBatch(index=batch_index, config=batches[index].config, trials=tuple(manifests),

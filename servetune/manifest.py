@@ -19,8 +19,19 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.canonical import drop_added_defaults, sha256_json
-from servetune.spec import DERIVED_MARK, EngineArgs, ExperimentSpec, LoadPoint, ModelSpec
+from servetune.spec import (
+    DERIVED_MARK,
+    MAX_GRID_CONFIGS,
+    MAX_MODEL_CONFIG_BYTES,
+    EngineArgs,
+    EngineSpace,
+    ExperimentSpec,
+    LoadPoint,
+    ModelSpec,
+    config_key,
+)
 from servetune.tiny import tiny_identity
+from servetune.yamlsafe import read_regular_file
 
 MANIFEST_VERSION = 1
 
@@ -141,8 +152,8 @@ def model_identity(spec: ModelSpec) -> dict[str, str]:
     assert spec.path is not None
     path = Path(spec.path)
     try:
-        digest = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
-    except OSError:
+        digest = hashlib.sha256(read_regular_file(path / "config.json", MAX_MODEL_CONFIG_BYTES)).hexdigest()
+    except (OSError, ValueError):  # missing, or not a regular file (refused by the spec check)
         digest = "unreadable"
     return {"source": "path", "name": path.name, "config_sha256": digest}
 
@@ -259,12 +270,42 @@ def sample_count(spec: ExperimentSpec, n_available: int) -> tuple[int, tuple[str
 def plan_random(spec: ExperimentSpec) -> Plan:
     """The random design: ``planner.n_configs`` engine configs drawn uniformly at random, without
     replacement, from those :meth:`~servetune.spec.EngineSpace.expand` yields (seeded by
-    ``planner.seed``), kept in the engine space's order; then planned like :func:`plan_grid`."""
-    everything = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
-    n, notes = sample_count(spec, len(everything))
+    ``planner.seed``), kept in the engine space's order; then planned like :func:`plan_grid`.
+
+    A space larger than :data:`~servetune.spec.MAX_GRID_CONFIGS` is never listed: indices are
+    drawn from its :meth:`~servetune.spec.EngineSpace.size` and each config built alone."""
+    space = spec.engine
     picker = random.Random(f"servetune-random-design:{spec.planner.seed}")
+    if space.size() > MAX_GRID_CONFIGS:
+        n, notes = sample_count(spec, space.size())
+        picked = sample_large_space(space, n, picker)
+        return plan_configs(spec, [EngineConfig(args=a, env=e) for a, e in picked], design="random", notes=notes)
+    everything = [EngineConfig(args=a, env=e) for a, e in space.expand()]
+    n, notes = sample_count(spec, len(everything))
     chosen = sorted(picker.sample(range(len(everything)), n))
     return plan_configs(spec, [everything[i] for i in chosen], design="random", notes=notes)
+
+
+def sample_large_space(space: EngineSpace, n: int, picker: random.Random) -> list[tuple[EngineArgs, dict[str, str]]]:
+    """``n`` distinct configs of a space too large to list, drawn uniformly by index under
+    ``picker`` (indices naming a config already drawn, which only explicit configs can, are
+    drawn again), in the engine space's order."""
+    size = space.size()
+    chosen: dict[str, tuple[int, tuple[EngineArgs, dict[str, str]]]] = {}
+    drawn: set[int] = set()
+    for index in picker.sample(range(size), n):
+        drawn.add(index)
+        config = space.config_by_index(index)
+        chosen.setdefault(config_key(*config), (index, config))
+    tries = 0
+    while len(chosen) < n and len(drawn) < size and tries < 100 * n:
+        tries += 1
+        index = picker.randrange(size)
+        if index not in drawn:
+            drawn.add(index)
+            config = space.config_by_index(index)
+            chosen.setdefault(config_key(*config), (index, config))
+    return [config for _, config in sorted(chosen.values(), key=lambda item: item[0])]
 
 
 def plan_configs(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import types
@@ -32,8 +33,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -42,6 +45,13 @@ from pydantic import (
 
 from servetune.errors import SpecError, SpecIssue
 from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, PROFILE_NAMES, SHAPE_NAMES
+from servetune.yamlsafe import MAX_SPEC_BYTES, YamlRefused, iter_regular_file, load_yaml, read_regular_file
+
+#: The most engine configs a spec may describe under ``planner.kind: grid``, and the most any
+#: design may plan (``planner.n_configs``). A larger space is refused (its size is computed as a
+#: product, never listed) with the advice to sample it: ``random`` and ``quasi-random`` draw from it
+#: without listing it.
+MAX_GRID_CONFIGS = 10_000
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$"
 #: Load point names with this character are made by rate sweeps (``name@sync``, ``name@max``, ``name@12.5rps``).
@@ -60,8 +70,23 @@ def _env_value(value: Any) -> Any:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("an environment variable's value cannot hold a NUL character")
+    return value
+
+
+def _not_bool(value: Any) -> Any:
+    """Python counts ``True`` as 1: a choice among numbers must refuse a YAML boolean itself."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value} ({_BOOL_HINT})")
+    return value
+
+
+_BOOL_HINT = "YAML reads unquoted yes/no/on/off/true/false as booleans"
+
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
+EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_nul)]
 
 #: Server environment variables a spec (and so a GRANT) may set: vLLM's own and those of the
 #: libraries under it. Anything else can change how a process loads code (``LD_PRELOAD``,
@@ -88,9 +113,11 @@ def refused_server_env_text(names: Iterable[str]) -> str:
 
 
 class StrictModel(BaseModel):
-    """Base of every spec section: unknown keys are refused, values are immutable."""
+    """Base of every spec section: unknown keys are refused, values are immutable, and no number
+    may be infinite or NaN. A spec read from a file is also validated in pydantic's strict mode
+    (:func:`parse_spec`): ``yes`` is not 1 and ``"8"`` is not 8."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(StrictModel):
@@ -126,7 +153,8 @@ class EngineArgs(StrictModel):
     enable_chunked_prefill: bool | None = Field(None, description="--[no-]enable-chunked-prefill")
     enable_prefix_caching: bool | None = Field(None, description="--[no-]enable-prefix-caching")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization")
-    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = Field(None, description="--block-size")
+    block_size: Annotated[Literal[1, 8, 16, 32, 64, 128, 256], BeforeValidator(_not_bool)] | None = Field(
+        None, description="--block-size")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
     max_model_len: int | None = Field(None, ge=16, description="--max-model-len")
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="--tensor-parallel-size")
@@ -167,7 +195,7 @@ def _grid_model() -> type[BaseModel]:
         fields[name] = (list[item] | None, Field(None, min_length=1))  # type: ignore[valid-type]
     from pydantic import create_model
 
-    return create_model("EngineGrid", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
+    return create_model("EngineGrid", __base__=StrictModel, **fields)
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -199,9 +227,12 @@ class EngineSpace(StrictModel):
         out += [(f"env.{k}", list(v)) for k, v in sorted(self.env_grid.items())]
         return out
 
-    def config_at(self, levels: typing.Sequence[int]) -> tuple[EngineArgs, dict[str, str]]:
-        """The grid config at one level index per axis of :meth:`axes`, merged over ``fixed``/``env``."""
-        axes = self.axes()
+    def config_at(
+        self, levels: typing.Sequence[int], axes: list[tuple[str, list[Any]]] | None = None
+    ) -> tuple[EngineArgs, dict[str, str]]:
+        """The grid config at one level index per axis of :meth:`axes` (or of ``axes``, e.g.
+        :meth:`unique_axes`), merged over ``fixed``/``env``."""
+        axes = self.axes() if axes is None else axes
         if len(levels) != len(axes):
             raise ValueError(f"{len(levels)} level(s) given for {len(axes)} axes")
         args: dict[str, Any] = self.fixed.model_dump(exclude_none=True)
@@ -212,6 +243,47 @@ class EngineSpace(StrictModel):
             else:
                 args[name] = values[level]
         return EngineArgs(**args), env
+
+    def unique_axes(self) -> list[tuple[str, list[Any]]]:
+        """:meth:`axes` with each value kept once (first occurrence): their product lists the
+        grid's distinct configs in :meth:`expand`'s order."""
+        return [(name, list({(type(v).__name__, v): v for v in values}.values())) for name, values in self.axes()]
+
+    def _grid_included(self) -> bool:
+        return any(not name.startswith("env.") for name, _ in self.axes()) or not self.configs
+
+    def size(self) -> int:
+        """How many engine configs this space describes, computed without listing them: the grid's
+        product over :meth:`unique_axes` plus every explicit config times the ``env_grid``
+        combinations. Exact unless an explicit config repeats another config (then an upper bound)."""
+        axes = self.unique_axes()
+        env_combos = math.prod(len(v) for name, v in axes if name.startswith("env."))
+        return (math.prod(len(v) for _, v in axes) if self._grid_included() else 0) + len(self.configs) * env_combos
+
+    def count(self) -> int:
+        """``len(self.expand())`` where the space is within :data:`MAX_GRID_CONFIGS` (exact), else
+        :meth:`size` (never listed)."""
+        size = self.size()
+        return len(self.expand()) if size <= MAX_GRID_CONFIGS else size
+
+    def config_by_index(self, index: int) -> tuple[EngineArgs, dict[str, str]]:
+        """Config ``index`` (0 <= index < :meth:`size`) of the space in :meth:`expand`'s order, before
+        duplicates are removed: built alone, without listing the space (for sampling a large one)."""
+        axes = self.unique_axes()
+        grid_size = math.prod(len(v) for _, v in axes) if self._grid_included() else 0
+        if index < grid_size:
+            return self.config_at(_unrank(index, [len(v) for _, v in axes]), axes)
+        env_axes = [(name, v) for name, v in axes if name.startswith("env.")]
+        explicit, combo = divmod(index - grid_size, math.prod(len(v) for _, v in env_axes))
+        levels = _unrank(combo, [len(v) for _, v in env_axes])
+        env = {**self.env, **{n.removeprefix("env."): v[i] for (n, v), i in zip(env_axes, levels)},
+               **self.configs[explicit].env}
+        extra = self.configs[explicit].model_dump(exclude_none=True, exclude={"env"})
+        return EngineArgs(**{**self.fixed.model_dump(exclude_none=True), **extra}), env
+
+    def env_names(self) -> set[str]:
+        """Every environment variable some config of this space sets (without listing the space)."""
+        return set(self.env) | set(self.env_grid) | {k for c in self.configs for k in c.env}
 
     def expand(self) -> list[tuple[EngineArgs, dict[str, str]]]:
         """Every engine configuration this space describes, in a stable order, duplicates removed."""
@@ -238,6 +310,15 @@ class EngineSpace(StrictModel):
                 env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo)), **explicit.env}
                 add(EngineArgs(**{**base, **extra}), env)
         return out
+
+
+def _unrank(index: int, radices: list[int]) -> tuple[int, ...]:
+    """The level indices at position ``index`` of ``itertools.product`` over ranges of ``radices``."""
+    levels = []
+    for radix in reversed(radices):
+        index, level = divmod(index, radix)
+        levels.append(level)
+    return tuple(reversed(levels))
 
 
 def config_key(args: EngineArgs, env: dict[str, str]) -> str:
@@ -287,7 +368,16 @@ class LengthDist(StrictModel):
         return self.mean
 
 
-Length = Annotated[int, Field(ge=1, le=1_000_000)] | LengthDist
+def _length_kind(value: Any) -> str:
+    return "<distribution>" if isinstance(value, (dict, LengthDist)) else "<tokens>"
+
+
+#: A token length: a number of tokens or a distribution. Tagged, so an error names the one the
+#: value is meant as (a mapping: the distribution); tags in angle brackets are left out of YAML paths.
+Length = Annotated[
+    Union[Annotated[int, Field(ge=1, le=1_000_000), Tag("<tokens>")], Annotated[LengthDist, Tag("<distribution>")]],
+    Discriminator(_length_kind),
+]
 
 
 class RandomDataset(StrictModel):
@@ -320,6 +410,8 @@ class FileDataset(StrictModel):
 
 
 Dataset = Annotated[Union[RandomDataset, SharedPrefixDataset, FileDataset], Field(discriminator="kind")]
+_DATASET_KINDS = {kind for m in (RandomDataset, SharedPrefixDataset, FileDataset)
+                  for kind in typing.get_args(m.model_fields["kind"].annotation)}
 
 
 class StopConditions(StrictModel):
@@ -470,7 +562,7 @@ class PlannerSpec(StrictModel):
 
     kind: PlannerKind = "grid"
     n_configs: int | None = Field(
-        None, ge=1, validate_default=True, description="random / quasi-random: how many engine configs to sample"
+        None, ge=1, le=MAX_GRID_CONFIGS, validate_default=True, description="random / quasi-random: how many engine configs to sample"
     )
     randomize: bool = True
     seed: int = Field(0, ge=0)
@@ -649,26 +741,43 @@ REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launc
 
 
 def load_spec(path: str | os.PathLike[str]) -> ExperimentSpec:
-    """Read, parse and fully check an experiment YAML. Raises :class:`SpecError` listing every issue."""
+    """Read, parse and fully check an experiment YAML. Raises :class:`SpecError` listing every issue.
+
+    The file must be a regular file of at most :data:`~servetune.yamlsafe.MAX_SPEC_BYTES` (a FIFO
+    or a device is refused without blocking or reading it)."""
+    return load_spec_text(path)[0]
+
+
+def load_spec_text(path: str | os.PathLike[str]) -> tuple[ExperimentSpec, str]:
+    """:func:`load_spec`, also returning the text the spec was parsed from (read once)."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_SPEC_BYTES, what="spec file").decode("utf-8")
     except FileNotFoundError:
         raise SpecError(source, [SpecIssue("", f"file not found: {source}")]) from None
+    except YamlRefused as exc:
+        raise SpecError(source, [SpecIssue("", exc.message)]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(source, [SpecIssue("", f"cannot read {source}: {exc}")]) from None
-    return parse_spec(text, source=source, base_dir=Path(path).resolve().parent)
+    return parse_spec(text, source=source, base_dir=Path(path).resolve().parent), text
 
 
 def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = None) -> ExperimentSpec:
-    """Parse YAML text into a checked :class:`ExperimentSpec` (see :func:`load_spec`)."""
+    """Parse YAML text into a checked :class:`ExperimentSpec` (see :func:`load_spec`).
+
+    The YAML is read by :func:`servetune.yamlsafe.load_yaml` (size, depth and alias expansion
+    bounded; duplicate keys and NUL characters refused) and validated in pydantic's strict mode."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlRefused as exc:
+        raise SpecError(source, [SpecIssue(exc.path, exc.message)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(source, [SpecIssue("", f"malformed YAML at {where}: {problem}")]) from None
+    except ValueError as exc:  # a scalar YAML cannot build, e.g. an integer of 5,000 digits
+        raise SpecError(source, [SpecIssue("", f"malformed YAML: {exc}")]) from None
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", f"expected a mapping at the top level, got {type(data).__name__}")])
     if base_dir is not None:
@@ -681,7 +790,7 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
     if base_dir is not None:
         data, file_issues = _resolve_dataset_files(data, base_dir)
     try:
-        spec = ExperimentSpec.model_validate(data)
+        spec = ExperimentSpec.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SpecError(source, file_issues + _issues_from_validation(exc)) from None
     if file_issues:
@@ -692,8 +801,17 @@ def parse_spec(text: str, *, source: str = "<string>", base_dir: Path | None = N
     return spec
 
 
+#: The largest model ``config.json`` read (16 MiB; real ones are a few KB).
+MAX_MODEL_CONFIG_BYTES = 16 << 20
+#: The largest dataset file a spec may name, in bytes (4 GiB; ShareGPT's V3 file is about 0.7 GB).
+MAX_DATASET_BYTES = 4 << 30
+
+
 def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], list[SpecIssue]]:
-    """Make file datasets' paths absolute and record each file's sha256 (checked if the spec gives one)."""
+    """Make file datasets' paths absolute and record each file's sha256 (checked if the spec gives one).
+
+    Only a regular file of at most :data:`MAX_DATASET_BYTES` is read (``/dev/zero``, a FIFO or a
+    folder is refused before a byte is read), hashed in chunks."""
     import hashlib
 
     issues: list[SpecIssue] = []
@@ -707,11 +825,16 @@ def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[s
             path = Path(os.path.expanduser(ds["path"]))
             path = path if path.is_absolute() else (base_dir / path).resolve()
             where = f"load_points[{i}].dataset.path"
+            digest: str | None = None
             try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                hasher = hashlib.sha256()
+                for chunk in iter_regular_file(path, MAX_DATASET_BYTES, what="dataset file"):
+                    hasher.update(chunk)
+                digest = hasher.hexdigest()
+            except YamlRefused as exc:
+                issues.append(SpecIssue(where, exc.message))
             except OSError as exc:
                 issues.append(SpecIssue(where, f"cannot read dataset file {path}: {exc.strerror or exc}"))
-                digest = None
             if digest and ds.get("sha256") not in (None, digest):
                 issues.append(SpecIssue(f"load_points[{i}].dataset.sha256",
                                         f"{path} has sha256 {digest}, not {ds['sha256']}"))
@@ -722,9 +845,11 @@ def _resolve_dataset_files(data: dict[str, Any], base_dir: Path) -> tuple[dict[s
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
-        if part == "[key]":
-            continue  # pydantic's marker for "the key itself is bad": the path already ends with it
+    for i, part in enumerate(loc):
+        if part == "[key]" or (isinstance(part, str) and part.startswith("<")):
+            continue  # "[key]": the key itself is bad (the path already ends with it); "<...>": a union's tag
+        if i and loc[i - 1] == "dataset" and part in _DATASET_KINDS:
+            continue  # the dataset union's tag (its kind), not a key
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -742,6 +867,8 @@ def _issues_from_validation(exc: ValidationError) -> list[SpecIssue]:
             msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
+        elif err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), bool):
+            msg = f"expected a number, got the boolean {err['input']} ({_BOOL_HINT})"
         else:
             msg = f"{msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err["input"], dict) else msg
         issues.append(SpecIssue(_loc_to_path(loc), msg))
@@ -785,8 +912,8 @@ def model_architecture(spec: ModelSpec) -> dict[str, Any] | None:
         return dict(TINY_MODEL_CONFIG)
     if spec.source == "path" and spec.path:
         cfg = Path(spec.path) / "config.json"
-        try:
-            loaded = json.loads(cfg.read_text(encoding="utf-8"))
+        try:  # a FIFO or a device named config.json is refused, never read
+            loaded = json.loads(read_regular_file(cfg, MAX_MODEL_CONFIG_BYTES, what="model config.json"))
         except (OSError, ValueError):
             return None
         return loaded if isinstance(loaded, dict) else None
@@ -842,7 +969,14 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
                                 "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
                                 "into engine.grid or use planner.kind 'random'"))
-    env_names = {k for _, env in spec.engine.expand() for k in env}
+    size = spec.engine.size()
+    if size > MAX_GRID_CONFIGS and spec.planner.kind == "grid":
+        axes = " x ".join(f"{len(v)} {name}" for name, v in spec.engine.unique_axes())
+        issues.append(SpecIssue("engine", (
+            f"the engine space describes {size:,} configs ({axes}{' + explicit configs' if spec.engine.configs else ''}"
+            f"), more than the {MAX_GRID_CONFIGS:,} a grid design may run: sample it with planner: "
+            "{kind: random, n_configs: N} or {kind: quasi-random, n_configs: N}, or shrink the grid")))
+    env_names = spec.engine.env_names()
     env_names |= set(spec.baseline.engine.env) if spec.baseline is not None else set()
     refused = refused_server_env(env_names)
     if refused:
@@ -856,7 +990,7 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if names.index(name) != i:
             issues.append(SpecIssue(f"load_points[{i}].name", f"duplicate load point name {name!r}"))
     arch = model_architecture(spec.model)
-    configs = spec.engine.expand()
+    configs = spec.engine.expand() if size <= MAX_GRID_CONFIGS else _representatives(spec.engine)
     if spec.baseline is not None:
         base = spec.engine.fixed.model_dump(exclude_none=True)
         extra = spec.baseline.engine.model_dump(exclude_none=True, exclude={"env"})
@@ -894,6 +1028,38 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if issue not in unique:
             unique.append(issue)
     return unique
+
+
+#: The engine args :func:`engine_combination_problems` reads; for the first three its rules only
+#: compare against bounds, so a space's smallest and largest values find every refused combination.
+_RULE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
+              "tensor_parallel_size")
+
+
+def _representatives(space: EngineSpace) -> list[tuple[EngineArgs, dict[str, str]]]:
+    """Configs of a space too large to list that include every combination the spec checks refuse:
+    each explicit config, and the grid's configs over the extremes of ``max_num_seqs``,
+    ``max_num_batched_tokens`` and ``max_model_len`` and every value of the other rule args
+    (at most 2 x 2 x 2 x 3 x 64 configs); the other args at their first value."""
+    configs: list[tuple[EngineArgs, dict[str, str]]] = []
+    if space._grid_included():
+        fixed = space.fixed.model_dump()
+        swept = dict(space.unique_axes())
+        choices: list[list[Any]] = []
+        for name in EngineArgs.model_fields:
+            values = swept.get(name, [fixed[name]])
+            if name not in _RULE_ARGS:
+                values = values[:1]
+            elif name in _RULE_ARGS[:3] and len(values) > 2:
+                values = [min(values), max(values)]
+            choices.append(values)
+        for combo in itertools.product(*choices):
+            args = {k: v for k, v in zip(EngineArgs.model_fields, combo) if v is not None}
+            configs.append((EngineArgs(**args), dict(space.env)))
+    base = space.fixed.model_dump(exclude_none=True)
+    for explicit in space.configs:
+        configs.append((EngineArgs(**{**base, **explicit.model_dump(exclude_none=True, exclude={"env"})}), explicit.env))
+    return configs
 
 
 def _describe(args: EngineArgs, env: dict[str, str]) -> str:

@@ -16,9 +16,9 @@ from coordinator.dataset import build_dataset
 from coordinator.planning import plan_experiment
 from coordinator.store import Store
 from servetune.canonical import sha256_json
-from servetune.errors import SpecError
 from servetune.manifest import Plan, plan_grid
 from servetune.spec import ExperimentSpec, config_key, load_spec, parse_spec
+from tests.test_spec import _issues
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,12 +142,6 @@ def test_baseline_batches_are_not_sampled() -> None:
     assert plan.batches[0].is_baseline and plan.batches[-1].is_baseline
 
 
-def _issues(text: str) -> list[str]:
-    with pytest.raises(SpecError) as info:
-        parse_spec(text, source="t.yaml")
-    return [str(i) for i in info.value.issues]
-
-
 @pytest.mark.parametrize(
     "planner,needle",
     [
@@ -230,3 +224,93 @@ def test_random_design_example_validates_and_dry_runs(tmp_path: Path) -> None:
     assert "random design" in proc.stdout and "nothing was started" in proc.stdout
     assert f"{spec.planner.n_configs} server starts" in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+#: Picks recorded with the code before large spaces were sampled lazily (commit ac5f5e1): config ids
+#: (first 12 hex digits) in order of first appearance in the plan. Under the grid-size limit a seed
+#: must keep choosing the same configs in the same order, or resumed experiments would change.
+PINNED_PICKS = [
+    (("random", 0), ['cfded296d042', '511485d088a3', 'bae3367f0273', '34d9f3191b59', 'f88ca7ae258d']),
+    (("random", 7), ['4308e5f128ac', '50a233951bf2', 'f88ca7ae258d', '864a99041abc', '73d440af89b8']),
+    (("quasi-random", 0), ['bae3367f0273', '2158f7d3d0f1', 'b1d8b3661c19', '00d31396eb92', '73d440af89b8']),
+    (("quasi-random", 7), ['f88ca7ae258d', '350b1502d512', 'd543a63c179a', 'f7cda1234034', '630d5c932bd1']),
+]
+
+
+@pytest.mark.parametrize("design,picks", PINNED_PICKS)
+def test_seeds_keep_their_picks_under_the_grid_limit(design: tuple[str, int], picks: list[str]) -> None:
+    kind, seed = design
+    text = SPEC.replace("      - {name: b, max_concurrency: 4, num_requests: 8, input_len: 32, output_len: 16}\n", "")
+    text = text.replace("repeats: 2\n", "") + f"planner: {{kind: {kind}, n_configs: 5, seed: {seed}}}\n"
+    plan = plan_experiment(parse_spec(text))
+    assert [c[:12] for c in _config_ids(plan)] == picks
+
+
+#: 10 x 10 x 10 x 10 x 10 x 2 x 5 = 1,000,000 engine configs.
+BIG = textwrap.dedent(
+    """
+    name: big
+    engine:
+      fixed: {max_model_len: 512}
+      grid:
+        max_num_seqs: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        max_num_batched_tokens: [512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 4608, 5120]
+        gpu_memory_utilization: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+        seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        block_size: [1, 8, 16, 32, 64, 128, 256, 8, 16, 32]
+        enable_prefix_caching: [true, false]
+      env_grid: {VLLM_X: [a, b, c, d, e]}
+    load_points:
+      - {name: a, request_rate: 4, num_requests: 8, input_len: 32, output_len: 16}
+    """
+)
+
+
+def test_a_grid_over_the_limit_is_refused_naming_its_size_and_the_sampled_designs() -> None:
+    # block_size repeats 8, 16 and 32: 7 distinct values, so 700,000 distinct configs.
+    issues = _issues(BIG)
+    assert len(issues) == 1, issues
+    assert issues[0].startswith("engine: the engine space describes 700,000 configs (10 max_num_seqs x "), issues
+    assert "more than the 10,000 a grid design may run" in issues[0] and "{kind: quasi-random" in issues[0]
+    issues = _issues(BIG + "planner: {kind: random, n_configs: 10001}\n")
+    assert any(i.startswith("planner.n_configs: Input should be less than or equal to 10000") for i in issues), issues
+
+
+def test_refused_combinations_are_found_in_a_space_too_large_to_list() -> None:
+    bad = BIG.replace("[512, 1024,", "[8, 1024,") + "planner: {kind: random, n_configs: 3}\n"
+    issues = _issues(bad)
+    assert any("max_num_batched_tokens (8) < max_num_seqs (10): vLLM refuses to start" in i for i in issues), issues
+    bad = BIG.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 1024, enable_chunked_prefill: false}")
+    issues = _issues(bad + "planner: {kind: random, n_configs: 3}\n")
+    assert any("max_num_batched_tokens (512) < max_model_len (1024) with chunked prefill off" in i for i in issues), issues
+
+
+@pytest.mark.parametrize("kind", ["random", "quasi-random"])
+def test_a_large_space_is_sampled_without_listing_it(kind: str) -> None:
+    """The configs a sampled design draws from a 700,000-config space are distinct, lie on the
+    grid, come in the engine space's order, and depend on the seed only."""
+    spec = parse_spec(BIG + f"planner: {{kind: {kind}, n_configs: 40, seed: 4}}\n")
+    plan = plan_experiment(spec)
+    configs = [b.config for b in plan.batches]
+    assert len({c.config_id for c in configs}) == 40 and plan.notes == ()
+    axes = dict(spec.engine.unique_axes())
+    for c in configs:
+        assert all(getattr(c.args, name) in values for name, values in axes.items() if not name.startswith("env."))
+        assert c.env["VLLM_X"] in axes["env.VLLM_X"] and c.args.max_model_len == 512
+    again = plan_experiment(parse_spec(BIG + f"planner: {{kind: {kind}, n_configs: 40, seed: 4}}\n"))
+    assert [b.config_id for b in again.batches] == [c.config_id for c in configs]
+    other = plan_experiment(parse_spec(BIG + f"planner: {{kind: {kind}, n_configs: 40, seed: 5}}\n"))
+    assert {b.config_id for b in other.batches} != {c.config_id for c in configs}
+    unshuffled = plan_experiment(parse_spec(BIG + f"planner: {{kind: {kind}, n_configs: 40, seed: 4, randomize: false}}\n"))
+    order = [tuple(axes[n].index(getattr(b.config.args, n)) for n in axes if not n.startswith("env."))
+             + (axes["env.VLLM_X"].index(b.config.env["VLLM_X"]),) for b in unshuffled.batches]
+    assert order == sorted(order)
+
+
+def test_config_by_index_matches_the_listed_space() -> None:
+    """Indexing a space without listing it gives what listing it gives, explicit configs included."""
+    space = parse_spec(SPEC.replace("env_grid:", "configs: [{max_num_seqs: 16}, {max_num_seqs: 32, env: {VLLM_Y: '1'}}]\n"
+                                                 "  env_grid:")).engine
+    listed = space.expand()
+    assert space.size() == len(listed) == space.count() == 36 + 2 * 2
+    assert [config_key(*space.config_by_index(i)) for i in range(space.size())] == [config_key(*c) for c in listed]

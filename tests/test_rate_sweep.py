@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 import analysis
+from coordinator.planning import needs_run
 from coordinator.store import Store
 from coordinator.sweep import expand_rate_sweeps, select_work
 from daemon.server import VLLMServer
 from servetune.errors import SpecError
-from servetune.manifest import plan_grid, rate_sweep_rates
+from servetune.manifest import TrialManifest, plan_grid, rate_sweep_rates
 from servetune.spec import parse_spec
 from tests.conftest import cli_env
 from tests.test_openai_backend import _sweep
@@ -101,3 +102,50 @@ def test_rate_sweep_end_to_end(vllm_server: VLLMServer, tmp_path: Path, tiny_cac
     rates = sorted(float(ds.request_rate.values[i]) for i, n in enumerate(names) if n.endswith("rps"))
     assert len(rates) == 2 and tput["sweep@sync"] < rates[0] < rates[1] < tput["sweep@max"]
     assert all(math.isnan(float(ds.request_rate.values[i])) for i, n in enumerate(names) if not n.endswith("rps"))
+
+
+def _finish(store: Store, m: TrialManifest, h: str, status: str, kind: str | None, tput: float = 1.0) -> None:
+    a = store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash=h)
+    store.finish_attempt(m.trial_id, a, status=status, failure_kind=kind, error=None if kind is None else "e",
+                         submission_id=f"s-{m.trial_id[:8]}-{a}", record={"m": m.trial_id},
+                         metrics={"request_throughput": tput} if status == "ok" else None, hardware_class=None)
+
+
+#: Latest attempt of a trial -> run again without / with --retry-failed (None: never run, a hole).
+RESUME_RULE = [
+    (None, (True, True)),
+    (("ok", None), (False, False)),
+    (("failed", "transport"), (True, True)),
+    (("failed", "measurement"), (False, True)),
+]
+
+
+@pytest.mark.parametrize("retry_failed", [False, True])
+def test_retry_failed_is_one_rule_for_planned_trials_and_rate_sweep_followups(tmp_path: Path, retry_failed: bool) -> None:
+    """The four outcomes a trial can have, once as planned trials (select_work) and once as
+    follow-up rates (expand_rate_sweeps): both run exactly the trials the rule says."""
+    spec = parse_spec(SPEC.format(n=4))
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "rs")
+    h = spec.spec_hash()
+    store.record_plan(h, spec.model_dump(mode="json"), None, plan)
+    first, second = plan.batches
+    for m in first.trials:  # ok seeds, so follow-ups exist
+        _finish(store, m, h, "ok", None, 2.0 if m.load_point.name.endswith("sync") else 10.0)
+    followups = expand_rate_sweeps(store, spec, plan, h)[0].trials
+    assert len(followups) == 4
+    # The second batch's two seeds and the four follow-ups get the outcomes of RESUME_RULE.
+    planned = {second.trials[0].trial_id: RESUME_RULE[2], second.trials[1].trial_id: RESUME_RULE[3]}
+    for m, (latest, _) in zip(second.trials, (RESUME_RULE[2], RESUME_RULE[3])):
+        _finish(store, m, h, *latest)  # type: ignore[misc]
+    for m, (latest, _) in zip(followups, RESUME_RULE):
+        if latest is not None:
+            _finish(store, m, h, *latest)
+    expected = {m.trial_id for m, (_, runs) in zip(followups, RESUME_RULE) if runs[retry_failed]}
+    work = expand_rate_sweeps(store, spec, plan, h, retry_failed=retry_failed)
+    assert {m.trial_id for w in work for m in w.trials} == expected
+    todo, _ = select_work(plan, store, retry_failed=retry_failed)
+    assert {m.trial_id for w in todo for m in w.trials} == {t for t, (_, runs) in planned.items() if runs[retry_failed]}
+    latest = store.latest_finished()
+    for m, (_, runs) in zip(followups, RESUME_RULE):
+        assert needs_run(latest.get(m.trial_id), retry_failed) is runs[retry_failed]

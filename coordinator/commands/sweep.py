@@ -15,7 +15,7 @@ from servetune.errors import ExperimentNotFoundError, SpecError
 from servetune.exitcodes import ExitCode
 from servetune.keys import KeyFileError
 from servetune.paths import resolve_experiment_dir
-from servetune.spec import ExperimentSpec, load_spec, parse_spec
+from servetune.spec import ExperimentSpec, load_spec_text, parse_spec
 
 
 def register(sub: Any) -> None:
@@ -57,8 +57,8 @@ def register(sub: Any) -> None:
 
 def _load(args: argparse.Namespace) -> tuple[ExperimentSpec, str | None]:
     path = Path(args.config)
-    if path.is_file():
-        return load_spec(path), path.read_text(encoding="utf-8")
+    if path.exists() and not path.is_dir():
+        return load_spec_text(path)  # a FIFO or a device is refused there, without blocking
     if not args.resume:
         raise SpecError(args.config, [_issue(f"file not found: {args.config} (to resume by name, add --resume)")])
     folder = resolve_experiment_dir(args.config, args.results_root)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.design != "grid":
         n_sampled = len({b.config_id for b in plan.batches if not b.is_baseline})
         sampled = (f"{plan.design} design, seed {spec.planner.seed}: {n_sampled} of "
-                   f"{len(spec.engine.expand())} engine configs; ")
+                   f"{spec.engine.count()} engine configs; ")
     print(
         f"ok: {spec.name}: {n_configs} engine config(s) x {len(spec.load_points)} load point(s) x "
         f"{spec.repeats} repeat(s) = {len(plan.trials())} trials in {len(plan.batches)} server starts "
