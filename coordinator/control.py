@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
+from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
 from servetune.manifest import TrialManifest
 from servetune.messages import (
@@ -76,6 +77,7 @@ from servetune.messages import (
     Stale,
     State,
     Welcome,
+    grant_bounds_problem,
 )
 from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
@@ -226,6 +228,13 @@ class ControlCore:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
+        batches = [*self.work, *(o.work for o in self.orphans)]
+        problem = grant_bounds_problem(self.spec.model, self.spec.backend, self.spec.budgets,
+                                       [(w.batch.config, w.trials) for w in batches])
+        if problem:
+            where, _, what = problem.partition(": ")
+            raise SpecError(f"experiment {self.spec.name!r}",
+                            [SpecIssue(where, f"{what}: a GRANT could not carry it to a daemon")])
         self.queue: deque[BatchWork] = deque(self.work)
         self.leases = LeaseTable()
         self.daemons: dict[str, DaemonSession] = {}

@@ -71,9 +71,10 @@ Rules both sides keep:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from servetune.artifact_messages import (
     ArtifactChunk,
@@ -93,6 +94,7 @@ from servetune.bounds import (
     PosFinite,
     Text,
     WireModel,
+    spec_tree_problem,
 )
 from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
@@ -195,6 +197,44 @@ class Grant(_Msg):
     budgets: Budgets
     config: EngineConfig
     trials: list[GrantedTrial] = Field(min_length=1, max_length=MAX_LEASES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_sections_bounded(cls, data: object) -> object:
+        """The spec sections' own models bound few of their strings (paths, URLs, environment):
+        on the wire every string, list and dict in them is bounded (:func:`spec_tree_problem`).
+        Sections that arrive as models were built here, from a spec the control core checked
+        against the same bounds when the sweep started (:func:`grant_bounds_problem`)."""
+        if not isinstance(data, dict):
+            return data
+        sections: list[tuple[str, object]] = [(n, data.get(n)) for n in ("model", "backend", "budgets", "config")]
+        trials = data.get("trials")
+        if isinstance(trials, list):
+            sections += [(f"trials.{i}", t) for i, t in enumerate(trials)]
+        for name, value in sections:
+            if not isinstance(value, BaseModel):
+                problem = spec_tree_problem(value, name)
+                if problem:
+                    raise ValueError(f"out of bounds: {problem}")
+        return data
+
+
+def grant_bounds_problem(model: object, backend: object, budgets: object, work: Iterable[tuple[object, Iterable[object]]]) -> str | None:
+    """Where the GRANTs of a sweep would break the wire's spec-section bounds (a spec's model path,
+    base URL or environment too long), as ``"PATH: what"``, or None. ``work``: (engine config,
+    trial manifests) per batch. The control core asks once at start, so it never builds a GRANT
+    its daemons would refuse."""
+    for name, value in (("model", model), ("backend", backend), ("budgets", budgets)):
+        problem = spec_tree_problem(value, name)
+        if problem:
+            return problem
+    for config, manifests in work:
+        problem = spec_tree_problem(config, "engine config")
+        for m in manifests:
+            problem = problem or spec_tree_problem(m, "trial manifest")
+        if problem:
+            return problem
+    return None
 
 
 class NoWork(_Msg):
