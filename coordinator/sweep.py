@@ -563,8 +563,9 @@ class SweepRunner:
     def _grouped(self, endpoint: RouterEndpoint, run: Callable[[list[Instruction]], None]) -> None:
         """``run(deferred)`` inside one store transaction, collecting its sends in ``deferred``;
         after the COMMIT (every result of it durable), send them in order and write the result files;
-        then the artifact messages of the group (chunk writes and their fsyncs never hold up the
-        group's commit or its ACKs).
+        then the artifact messages of the group are queued and a few queued ones carried out
+        (:meth:`ArtifactSink.pump`: chunk writes and their fsyncs never hold up the group's commit
+        or its ACKs, and a burst of them is spread over passes).
         An exception from ``run`` (the local daemon left, Ctrl-C, a store refusal) comes after what
         the core already handled: that is committed and answered, then the exception goes on."""
         store = self.store
@@ -579,6 +580,9 @@ class SweepRunner:
         self._execute(endpoint, [ins for ins in deferred if not isinstance(ins, ReceiveArtifact)])
         store.write_result_files()
         self._execute(endpoint, [ins for ins in deferred if isinstance(ins, ReceiveArtifact)])
+        if self.artifacts is not None:
+            for daemon_id, reply in self.artifacts.pump(time.monotonic()):
+                endpoint.send(daemon_id, reply)
         if stopped is not None:
             raise stopped
 
@@ -616,8 +620,8 @@ class SweepRunner:
             if isinstance(ins, (Send, ReceiveArtifact)) and deferred is not None:
                 deferred.append(ins)
             elif isinstance(ins, ReceiveArtifact):
-                if self.artifacts is not None:
-                    for reply in self.artifacts.handle(ins, time.monotonic()):
+                if self.artifacts is not None:  # carried out by _grouped's pump, a few per pass
+                    for reply in self.artifacts.enqueue(ins, time.monotonic()):
                         endpoint.send(ins.daemon_id, reply)
             elif isinstance(ins, Send):
                 if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):

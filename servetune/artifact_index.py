@@ -17,6 +17,11 @@ daemon             who produced it: the daemon's key id once CURVE lands, its se
 stored_at_us       when the coordinator verified it (microseconds since the epoch)
 =================  =======================================================================
 
+Table ``upload_charges``, one row per artifact the coordinator agreed to take for an attempt
+(``trial_id, attempt, manifest_sha256`` the key; ``size`` the bytes charged; ``daemon`` the key id
+that offered it; ``charged_at_us``): the per-attempt upload budget, kept here so that a restarted
+coordinator goes on charging where the last one stopped instead of granting the budget again.
+
 The coordinator is the only writer (:meth:`ArtifactIndex.record`); readers (analysis, the
 dashboard) open it read-only through :func:`attempt_artifacts` and :func:`read_artifact`. It is its
 own file so that the experiment store's schema and its writer's locks stay untouched. The blob
@@ -54,6 +59,15 @@ CREATE TABLE IF NOT EXISTS artifacts (
     PRIMARY KEY (trial_id, attempt, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS artifacts_by_manifest ON artifacts (manifest_sha256);
+CREATE TABLE IF NOT EXISTS upload_charges (
+    trial_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    manifest_sha256 TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    daemon TEXT NOT NULL DEFAULT '',
+    charged_at_us INTEGER NOT NULL,
+    PRIMARY KEY (trial_id, attempt, manifest_sha256)
+) WITHOUT ROWID;
 """
 _COLUMNS = "trial_id, attempt, name, kind, manifest_sha256, size, sha256, daemon, stored_at_us"
 
@@ -142,6 +156,18 @@ class ArtifactIndex:
         row = self._conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE trial_id=? AND attempt=? AND name=?",
                                  (trial_id, attempt, name)).fetchone()
         return ArtifactRecord(**dict(row)) if row else None
+
+    def charges(self, trial_id: str, attempt: int) -> dict[str, int]:
+        """The uploads charged to an attempt so far: manifest digest -> bytes."""
+        rows = self._conn.execute("SELECT manifest_sha256, size FROM upload_charges WHERE trial_id=? AND attempt=?",
+                                  (trial_id, attempt)).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def charge(self, trial_id: str, attempt: int, manifest_sha256: str, size: int, daemon: str = "") -> None:
+        """Charge an upload to an attempt (idempotent: a digest is charged once)."""
+        self._conn.execute("INSERT OR IGNORE INTO upload_charges (trial_id, attempt, manifest_sha256, size, daemon, "
+                           "charged_at_us) VALUES (?,?,?,?,?,?)",
+                           (trial_id, attempt, manifest_sha256, size, daemon, time.time_ns() // 1000))
 
     def for_attempt(self, trial_id: str, attempt: int) -> list[ArtifactRecord]:
         rows = self._conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE trial_id=? AND attempt=? ORDER BY name",
