@@ -169,6 +169,10 @@ class ArtifactIndex:
                            "charged_at_us) VALUES (?,?,?,?,?,?)",
                            (trial_id, attempt, manifest_sha256, size, daemon, time.time_ns() // 1000))
 
+    def manifest_digests(self) -> list[str]:
+        """The manifest digest of every indexed artifact (distinct)."""
+        return [str(r[0]) for r in self._conn.execute("SELECT DISTINCT manifest_sha256 FROM artifacts ORDER BY 1")]
+
     def for_attempt(self, trial_id: str, attempt: int) -> list[ArtifactRecord]:
         rows = self._conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE trial_id=? AND attempt=? ORDER BY name",
                                   (trial_id, attempt)).fetchall()
@@ -182,6 +186,27 @@ def attempt_artifacts(folder: str | os.PathLike[str], trial_id: str, attempt: in
         return []
     with index:
         return index.for_attempt(trial_id, attempt)
+
+
+def unreferenced_blobs(folder: str | os.PathLike[str], store: BlobStore | None = None) -> list[str]:
+    """Blobs of the experiment's store that no indexed artifact uses (neither its manifest nor one
+    of its chunks): what a retention policy may delete (``store.delete``). Chunks of an upload in
+    flight are not indexed yet: call it only while no coordinator is receiving. A manifest that
+    cannot be read (missing, corrupted) might name any blob: then nothing is returned.
+    """
+    store = store or experiment_blob_store(folder)
+    index = ArtifactIndex.open_readonly(folder)
+    manifests: list[str] = []
+    if index is not None:
+        with index:
+            manifests = index.manifest_digests()
+    keep = set(manifests)
+    for digest in manifests:
+        try:
+            keep.update(load_manifest(store, digest).chunks)
+        except (ServetuneError, ValueError):
+            return []  # a manifest we cannot read: we cannot tell what it uses, so free nothing
+    return sorted(d for d in store.digests() if d not in keep)
 
 
 def read_artifact(folder: str | os.PathLike[str], record: ArtifactRecord, store: BlobStore | None = None) -> bytes:
