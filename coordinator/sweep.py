@@ -349,6 +349,11 @@ class SweepRunner:
         dataset_path = write_dataset(store)
         if not work and not orphans:
             self.console.print("nothing to run: every planned trial has a result")
+            if not self.opts.local_daemon and self.artifacts is not None and self.fleet.artifact_drain_s > 0:
+                have = self.artifacts.index.attempts_with_artifacts()
+                lacking = [t for t, a in store.latest_finished().items() if a.status == "ok" and (t, a.attempt) not in have]
+                if lacking:  # their artifacts may still be spooled on a daemon's node
+                    self._collect_leftover_artifacts(endpoint, store, len(lacking))
             print_ranking(store, self.spec, output_console(), dataset_path)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
@@ -399,6 +404,46 @@ class SweepRunner:
             ran=self.counts["ok"] + self.counts["failed"], ok=self.counts["ok"], failed=self.counts["failed"],
             holes=len(holes),
         )
+
+    def _collect_leftover_artifacts(self, endpoint: RouterEndpoint, store: Store, lacking: int) -> None:
+        """A fleet sweep with nothing to run, where ``lacking`` measured attempts have no artifact
+        in the store, still takes the artifact uploads its daemons left spooled (a sweep that
+        ended before they were through): for up to ``artifact_drain_s`` it
+        welcomes daemons, tells each READY there is no more work (SHUTDOWN: the daemon finishes its
+        uploads, then leaves) and takes their uploads; it ends sooner once a daemon has joined and
+        uploads have gone quiet (:meth:`ArtifactSink.draining`, counted from the first join).
+        Ctrl-C ends the wait; nothing is lost (what did not arrive stays spooled)."""
+        assert self.artifacts is not None
+        wait_s = self.fleet.artifact_drain_s
+        log.info("nothing to run: taking leftover artifact uploads for up to %g s", wait_s)
+        self.console.print(f"{lacking} measured trial(s) have no artifacts in the store yet: taking leftover "
+                           f"artifact uploads for up to {wait_s:g} s (Ctrl-C ends it); daemons "
+                           f"with uploads left can join with:\n  {join_command(endpoint.address)}")
+        self.core = core = ControlCore(spec=self.spec, work=[], settings=self.fleet, coordinator_id=self.coordinator_id,
+                                       attempts=store.max_attempts(), accepted=store.accepted_submissions())
+        deadline = time.monotonic() + wait_s
+        tick_s = min(TICK_S, self.fleet.heartbeat_interval_s / 4)
+        joined_at: float | None = None
+        try:
+            with SweepProgress(0, 0.0, self.console) as progress:
+                self.progress = progress
+                while time.monotonic() < deadline:
+                    got = endpoint.recv(int(tick_s * 1000))
+                    if got is not None:
+                        self._pass(endpoint, got)
+                    self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
+                    now = time.monotonic()
+                    if joined_at is None and core.daemons:
+                        joined_at = now
+                    if joined_at is not None and not self.artifacts.draining(now, joined_at):
+                        break
+                self._execute(endpoint, core.shutdown_all("nothing to run"))
+        except (KeyboardInterrupt, SweepInterrupted):
+            self.console.print("[yellow]interrupted: leftover uploads stay spooled on their daemons")
+        stored = self.artifacts.receiver.counters.get("artifacts_stored", 0)
+        said = f"{stored} leftover artifact(s) stored" if joined_at is not None else f"no daemon joined within {wait_s:g} s"
+        log.info("%s", said)
+        self.console.print(said)
 
     def _holes(self, store: Store) -> dict[str, str]:
         """Planned trials with no result (never run, or last lost to transport), with why."""

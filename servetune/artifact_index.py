@@ -169,6 +169,10 @@ class ArtifactIndex:
                            "charged_at_us) VALUES (?,?,?,?,?,?)",
                            (trial_id, attempt, manifest_sha256, size, daemon, time.time_ns() // 1000))
 
+    def attempts_with_artifacts(self) -> set[tuple[str, int]]:
+        """Every (trial, attempt) with at least one artifact indexed."""
+        return {(str(r[0]), int(r[1])) for r in self._conn.execute("SELECT DISTINCT trial_id, attempt FROM artifacts")}
+
     def manifest_digests(self) -> list[str]:
         """The manifest digest of every indexed artifact (distinct)."""
         return [str(r[0]) for r in self._conn.execute("SELECT DISTINCT manifest_sha256 FROM artifacts ORDER BY 1")]
