@@ -11,6 +11,7 @@ from pathlib import Path
 from coordinator.artifact_receiver import ReceiverPolicy
 from coordinator.artifact_sink import ArtifactSink, SinkPolicy
 from coordinator.control import ReceiveArtifact
+from coordinator.store import Store
 from servetune.artifact_index import ArtifactIndex, attempt_artifacts
 from servetune.artifact_messages import ArtifactChunk, ArtifactMissing, ArtifactOffer, ArtifactRefused, ArtifactStored
 from servetune.keys import key_id
@@ -53,11 +54,15 @@ def test_an_attempts_upload_budget_survives_a_coordinator_restart(tmp_path: Path
         store.close()
 
 
-def test_the_sink_carries_out_a_few_messages_per_pump_and_the_rest_later(tmp_path: Path) -> None:
+def _sink(tmp_path: Path, n_chunks: int, policy: SinkPolicy) -> tuple[Store, ArtifactSink, ArtifactOffer, bytes]:
+    """A sink over a store with one finished attempt of KEY_A, and an offer of ``n_chunks`` 4 KiB chunks."""
+    data = os.urandom(n_chunks * 4096)
     store = _store_with_attempt(tmp_path, KEY_A, finished=True)
-    data = os.urandom(20 * 4096)
-    o = offer("n1", data=data)
-    sink = ArtifactSink(tmp_path, store, SinkPolicy(max_per_pump=4, max_queued=30))
+    return store, ArtifactSink(tmp_path, store, policy), offer("n1", data=data), data
+
+
+def test_the_sink_carries_out_a_few_messages_per_pump_and_the_rest_later(tmp_path: Path) -> None:
+    store, sink, o, data = _sink(tmp_path, 20, SinkPolicy(max_per_pump=4, max_queued=30))
     try:
         assert sink.enqueue(ReceiveArtifact("d1", KEY_A, o), 1.0) == []
         assert sink.queued == 1 and sink.receiver.open_uploads == 0  # nothing carried out yet
@@ -80,10 +85,7 @@ def test_the_sink_carries_out_a_few_messages_per_pump_and_the_rest_later(tmp_pat
 
 
 def test_a_full_queue_refuses_at_once_non_final(tmp_path: Path) -> None:
-    store = _store_with_attempt(tmp_path, KEY_A, finished=True)
-    data = os.urandom(5 * 4096)
-    o = offer("n1", data=data)
-    sink = ArtifactSink(tmp_path, store, SinkPolicy(max_per_pump=2, max_queued=3))
+    store, sink, o, data = _sink(tmp_path, 5, SinkPolicy(max_per_pump=2, max_queued=3))
     try:
         chunks = _chunks(o, data)
         assert [sink.enqueue(c, 1.0) for c in chunks[:3]] == [[], [], []]

@@ -167,18 +167,24 @@ def _renew(mallory: Scripted, held: list[msgs.LeaseRef], timeout_s: float = 30) 
             return answer
 
 
+def _lease(mallory: Scripted) -> msgs.Grant:
+    """Join as ``mallory`` (the fleet's admitted key) and take a batch of two trials."""
+    mallory.send(msgs.Hello(daemon_id="mallory", session_nonce=mallory.nonce, pid=1,
+                            capabilities=msgs.Capabilities(fingerprint=_fingerprint())))
+    assert isinstance(mallory.recv((msgs.Welcome,), 60), msgs.Welcome)
+    mallory.send(msgs.Ready(session_nonce=mallory.nonce, seq=1))
+    grant = mallory.recv((msgs.Grant,))
+    assert isinstance(grant, msgs.Grant) and len(grant.trials) == 2
+    return grant
+
+
 def test_a_hostile_peer_never_takes_the_coordinator_down_or_changes_a_trial(fleet: Fleet) -> None:
     fleet.start_coordinator()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     mallory = Scripted(fleet.address, fleet.home, "mallory")
     sockets: list[zmq.Socket[bytes]] = []
     try:
-        mallory.send(msgs.Hello(daemon_id="mallory", session_nonce=mallory.nonce, pid=1,
-                           capabilities=msgs.Capabilities(fingerprint=_fingerprint())))
-        assert isinstance(mallory.recv((msgs.Welcome,), 60), msgs.Welcome)
-        mallory.send(msgs.Ready(session_nonce=mallory.nonce, seq=1))
-        grant = mallory.recv((msgs.Grant,))
-        assert isinstance(grant, msgs.Grant) and len(grant.trials) == 2
+        grant = _lease(mallory)
         held = [msgs.LeaseRef(trial_id=t.trial_id, epoch=t.attempt) for t in grant.trials]
         before = _store_state(fleet)
         assert [row[2] for row in before[0]] == ["running", "running"]
@@ -329,12 +335,7 @@ def test_an_out_of_bounds_result_of_the_lease_holder_is_kept_as_a_parse_failure_
     fleet.start_coordinator()
     mallory = Scripted(fleet.address, fleet.home, "mallory")
     try:
-        mallory.send(msgs.Hello(daemon_id="mallory", session_nonce=mallory.nonce, pid=1,
-                                capabilities=msgs.Capabilities(fingerprint=_fingerprint())))
-        assert isinstance(mallory.recv((msgs.Welcome,), 60), msgs.Welcome)
-        mallory.send(msgs.Ready(session_nonce=mallory.nonce, seq=1))
-        grant = mallory.recv((msgs.Grant,))
-        assert isinstance(grant, msgs.Grant) and len(grant.trials) == 2
+        grant = _lease(mallory)
         t0, t1 = grant.trials
         ok = TrialOutcome(status="ok", samples=[_sample(0), _sample(1)], window_s=1.0, started_at_us=1, finished_at_us=2)
         result = msgs.Result(session_nonce=mallory.nonce, batch_id=grant.batch_id, trial_id=t0.trial_id,
