@@ -45,6 +45,7 @@ from coordinator.control import (
     Refused,
     Send,
     Transition,
+    check_grant_bounds,
     orphans_from,
 )
 from coordinator.dataset import write_dataset
@@ -276,6 +277,7 @@ class SweepRunner:
         if self.opts.dry_run:
             print_plan(self.plan, self.spec, output_console())
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=None, dataset_path=None)
+        check_grant_bounds(self.spec, [(b.config, b.trials) for b in self.plan.batches])  # before anything is written
         folder = experiment_dir(self.spec.name, self.opts.results_root)
         existed = (folder / "experiment.sqlite").exists()
         # first: missing keys or a bad --bind leave nothing written

@@ -5,6 +5,9 @@ naming the field, and the control core refuses at start a spec whose GRANT would
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +16,10 @@ from pydantic import TypeAdapter
 from coordinator.control import ControlCore
 from servetune.bounds import MAX_SPEC_DEPTH, MAX_SPEC_ENTRIES, SPEC_STR_MAX_CHARS, spec_tree_problem
 from servetune.errors import ProtocolError, SpecError
+from servetune.exitcodes import ExitCode
 from servetune.messages import Grant, Message, decode, encode
 from servetune.spec import ModelSpec
+from tests.fleet_harness import Fleet
 from tests.test_control import Clock, core, join, spec, work
 
 
@@ -131,3 +136,15 @@ def test_every_unbounded_field_on_the_wire_is_inside_a_tree_checked_grant_sectio
     users = {name for name, d in defs.items() if name not in TREE_CHECKED
              and any(f'"#/$defs/{u}"' in json.dumps(d) for u in TREE_CHECKED)}
     assert users <= {"Grant", "GrantedTrial"}, users
+
+
+def test_a_sweep_of_a_spec_its_grants_cannot_carry_exits_2_naming_the_field_and_writes_nothing(tmp_path: Path) -> None:
+    long_url = "http://127.0.0.1:9/" + "v" * SPEC_STR_MAX_CHARS
+    fleet = Fleet(tmp_path, long_url, repeats=1)
+    proc = subprocess.run([sys.executable, "-m", "coordinator", "sweep", str(fleet.spec), "--results-root",
+                           str(fleet.root), "--no-local-daemon", "--bind", fleet.address],
+                          capture_output=True, text=True, timeout=120, env=fleet.env, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr[-3000:]
+    assert "backend.base_url: a string of" in proc.stderr and "GRANT" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not fleet.folder.exists(), "nothing may be written for a refused spec"
