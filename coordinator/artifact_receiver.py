@@ -22,11 +22,13 @@ What it refuses (:data:`servetune.artifact_messages.RefusalReason`):
 A chunk found corrupted at rest when the file is checked is asked for again (the store's ``put``
 repairs it), so a blob that rotted heals on the next upload that contains it.
 
-State is only what is in flight: open uploads (bounded, dropped after ``idle_timeout_s``) and the
-bytes charged per attempt. Everything durable is in the store, so a restarted coordinator (a new
-receiver over the same store) resumes an upload by answering the next offer from ``has``; its byte
-charges start again from zero (the bound is per coordinator process: a daemon that reconnects to
-a restarted coordinator may upload up to the bound again for the same attempt).
+State is what is in flight (open uploads, bounded, dropped after ``idle_timeout_s``) and a cache
+of the bytes charged per attempt. Everything durable is in the store, so a restarted coordinator
+(a new receiver over the same store) resumes an upload by answering the next offer from ``has``.
+The charges are durable too when a :class:`ChargeBook` is given (the coordinator's is the
+artifact index, :meth:`servetune.artifact_index.ArtifactIndex.charge`): an attempt's charges are
+read once, at its first offer in this process, and each new charge is written when its offer is
+accepted, so a restart does not grant an attempt its budget again. Chunks cost no query.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from servetune.artifact_messages import (
     ArtifactChunk,
@@ -52,6 +55,31 @@ log = logging.getLogger(__name__)
 
 AttemptKey = tuple[str, int]
 UploadKey = tuple[str, int, str]
+
+
+class ChargeBook(Protocol):
+    """Where the upload charges of attempts are kept (durable across coordinator restarts)."""
+
+    def charges(self, trial_id: str, attempt: int) -> dict[str, int]:
+        """manifest digest -> bytes charged so far to the attempt."""
+        ...
+
+    def charge(self, trial_id: str, attempt: int, manifest_sha256: str, size: int) -> None:
+        """Charge ``size`` bytes for that artifact (once per digest); may raise OSError."""
+        ...
+
+
+class MemoryChargeBook:
+    """Charges kept in this process only (tests, and a receiver without an index)."""
+
+    def __init__(self) -> None:
+        self._charges: dict[AttemptKey, dict[str, int]] = {}
+
+    def charges(self, trial_id: str, attempt: int) -> dict[str, int]:
+        return dict(self._charges.get((trial_id, attempt), {}))
+
+    def charge(self, trial_id: str, attempt: int, manifest_sha256: str, size: int) -> None:
+        self._charges.setdefault((trial_id, attempt), {}).setdefault(manifest_sha256, size)
 
 
 @dataclass(frozen=True)
@@ -94,8 +122,9 @@ class ArtifactReceiver:
     sender may upload for that attempt (default: every attempt)."""
 
     def __init__(self, store: BlobStore, policy: ReceiverPolicy | None = None,
-                 known_attempt: Callable[[str, int, str], bool] | None = None):
+                 known_attempt: Callable[[str, int, str], bool] | None = None, charges: ChargeBook | None = None):
         self.store = store
+        self.charges: ChargeBook = charges or MemoryChargeBook()
         self.policy = policy or ReceiverPolicy()
         self.known_attempt = known_attempt or (lambda trial_id, epoch, session: True)
         self._open: dict[UploadKey, _Upload] = {}
@@ -141,7 +170,14 @@ class ArtifactReceiver:
             return self._refuse(key, "unknown_attempt", "no such attempt of this daemon", final=True)
         if key in self._done:
             return ReceiverOutput(replies=[self._stored_reply(key)])
-        charged = self._charged.setdefault((msg.trial_id, msg.epoch), {})
+        charged = self._charged.get((msg.trial_id, msg.epoch))
+        if charged is None:
+            try:
+                charged = self._charged[(msg.trial_id, msg.epoch)] = self.charges.charges(msg.trial_id, msg.epoch)
+            except OSError as exc:
+                log.error("cannot read the upload charges of trial %s attempt %d: %s", msg.trial_id[:12], msg.epoch, exc)
+                return self._refuse(key, "store_failed", f"the coordinator could not read its upload charges: {exc}",
+                                    final=False)
         if key[2] not in charged:
             if len(charged) + 1 > self.policy.max_artifacts_per_attempt:
                 return self._refuse(key, "over_budget", f"an attempt keeps at most "
@@ -153,7 +189,14 @@ class ArtifactReceiver:
         if upload is None and len(self._open) >= self.policy.max_open_uploads:
             return self._refuse(key, "over_budget", f"{len(self._open)} uploads in flight; offer again later",
                                 final=False)
-        charged[key[2]] = manifest.size
+        if key[2] not in charged:
+            try:
+                self.charges.charge(msg.trial_id, msg.epoch, key[2], manifest.size)
+            except OSError as exc:
+                log.error("cannot record the upload charge of artifact %s: %s", key[2][:12], exc)
+                return self._refuse(key, "store_failed", f"the coordinator could not record the upload: {exc}",
+                                    final=False)
+            charged[key[2]] = manifest.size
         missing = self.store.missing(manifest.chunks)
         if not missing:
             self._open.pop(key, None)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
+from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
 from servetune.manifest import TrialManifest
 from servetune.messages import (
@@ -76,6 +77,7 @@ from servetune.messages import (
     Stale,
     State,
     Welcome,
+    grant_bounds_problem,
 )
 from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
@@ -226,6 +228,7 @@ class ControlCore:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
+        check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
         self.queue: deque[BatchWork] = deque(self.work)
         self.leases = LeaseTable()
         self.daemons: dict[str, DaemonSession] = {}
@@ -631,6 +634,16 @@ class ControlCore:
             out.append(Notice(logging.WARNING, f"{lease.batch_id}: {len(retry)} trial(s) queued again "
                                                f"({reason.splitlines()[0]})"))
         return out
+
+
+def check_grant_bounds(spec: ExperimentSpec, batches: Iterable[tuple[object, Iterable[object]]]) -> None:
+    """Refuse (:class:`SpecError`, naming the field) a spec whose GRANTs would break the wire's
+    bounds (:func:`servetune.messages.grant_bounds_problem`); ``batches``: (engine config, trial
+    manifests) of each batch. The sweep asks before it writes anything; the core again at start."""
+    problem = grant_bounds_problem(spec.model, spec.backend, spec.budgets, batches)
+    if problem:
+        where, _, what = problem.partition(": ")
+        raise SpecError(f"experiment {spec.name!r}", [SpecIssue(where, f"{what}: a GRANT could not carry it to a daemon")])
 
 
 def orphans_from(running: Iterable[tuple[str, int, str, str]], work: Sequence[BatchWork]) -> tuple[

@@ -45,6 +45,7 @@ from coordinator.control import (
     Refused,
     Send,
     Transition,
+    check_grant_bounds,
     orphans_from,
 )
 from coordinator.dataset import write_dataset
@@ -279,6 +280,7 @@ class SweepRunner:
         if self.opts.dry_run:
             print_plan(self.plan, self.spec, output_console())
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=None, dataset_path=None)
+        check_grant_bounds(self.spec, [(b.config, b.trials) for b in self.plan.batches])  # before anything is written
         folder = experiment_dir(self.spec.name, self.opts.results_root)
         existed = (folder / "experiment.sqlite").exists()
         # first: missing keys or a bad --bind leave nothing written
@@ -352,6 +354,11 @@ class SweepRunner:
         dataset_path = write_dataset(store)
         if not work and not orphans:
             self.console.print("nothing to run: every planned trial has a result")
+            if not self.opts.local_daemon and self.artifacts is not None and self.fleet.artifact_drain_s > 0:
+                have = self.artifacts.index.attempts_with_artifacts()
+                lacking = [t for t, a in store.latest_finished().items() if a.status == "ok" and (t, a.attempt) not in have]
+                if lacking:  # their artifacts may still be spooled on a daemon's node
+                    self._collect_leftover_artifacts(endpoint, store, len(lacking))
             print_ranking(store, self.spec, output_console(), dataset_path)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
@@ -402,6 +409,46 @@ class SweepRunner:
             ran=self.counts["ok"] + self.counts["failed"], ok=self.counts["ok"], failed=self.counts["failed"],
             holes=len(holes),
         )
+
+    def _collect_leftover_artifacts(self, endpoint: RouterEndpoint, store: Store, lacking: int) -> None:
+        """A fleet sweep with nothing to run, where ``lacking`` measured attempts have no artifact
+        in the store, still takes the artifact uploads its daemons left spooled (a sweep that
+        ended before they were through): for up to ``artifact_drain_s`` it
+        welcomes daemons, tells each READY there is no more work (SHUTDOWN: the daemon finishes its
+        uploads, then leaves) and takes their uploads; it ends sooner once a daemon has joined and
+        uploads have gone quiet (:meth:`ArtifactSink.draining`, counted from the first join).
+        Ctrl-C ends the wait; nothing is lost (what did not arrive stays spooled)."""
+        assert self.artifacts is not None
+        wait_s = self.fleet.artifact_drain_s
+        log.info("nothing to run: taking leftover artifact uploads for up to %g s", wait_s)
+        self.console.print(f"{lacking} measured trial(s) have no artifacts in the store yet: taking leftover "
+                           f"artifact uploads for up to {wait_s:g} s (Ctrl-C ends it); daemons "
+                           f"with uploads left can join with:\n  {join_command(endpoint.address)}")
+        self.core = core = ControlCore(spec=self.spec, work=[], settings=self.fleet, coordinator_id=self.coordinator_id,
+                                       attempts=store.max_attempts(), accepted=store.accepted_submissions())
+        deadline = time.monotonic() + wait_s
+        tick_s = min(TICK_S, self.fleet.heartbeat_interval_s / 4)
+        joined_at: float | None = None
+        try:
+            with SweepProgress(0, 0.0, self.console) as progress:
+                self.progress = progress
+                while time.monotonic() < deadline:
+                    got = endpoint.recv(int(tick_s * 1000))
+                    if got is not None:
+                        self._pass(endpoint, got)
+                    self._grouped(endpoint, lambda deferred: self._tick(endpoint, deferred))
+                    now = time.monotonic()
+                    if joined_at is None and core.daemons:
+                        joined_at = now
+                    if joined_at is not None and not self.artifacts.draining(now, joined_at):
+                        break
+                self._execute(endpoint, core.shutdown_all("nothing to run"))
+        except (KeyboardInterrupt, SweepInterrupted):
+            self.console.print("[yellow]interrupted: leftover uploads stay spooled on their daemons")
+        stored = self.artifacts.receiver.counters.get("artifacts_stored", 0)
+        said = f"{stored} leftover artifact(s) stored" if joined_at is not None else f"no daemon joined within {wait_s:g} s"
+        log.info("%s", said)
+        self.console.print(said)
 
     def _holes(self, store: Store) -> dict[str, str]:
         """Planned trials with no result (never run, or last lost to transport), with why."""
@@ -568,8 +615,9 @@ class SweepRunner:
     def _grouped(self, endpoint: RouterEndpoint, run: Callable[[list[Instruction]], None]) -> None:
         """``run(deferred)`` inside one store transaction, collecting its sends in ``deferred``;
         after the COMMIT (every result of it durable), send them in order and write the result files;
-        then the artifact messages of the group (chunk writes and their fsyncs never hold up the
-        group's commit or its ACKs).
+        then the artifact messages of the group are queued and a few queued ones carried out
+        (:meth:`ArtifactSink.pump`: chunk writes and their fsyncs never hold up the group's commit
+        or its ACKs, and a burst of them is spread over passes).
         An exception from ``run`` (the local daemon left, Ctrl-C, a store refusal) comes after what
         the core already handled: that is committed and answered, then the exception goes on."""
         store = self.store
@@ -584,6 +632,9 @@ class SweepRunner:
         self._execute(endpoint, [ins for ins in deferred if not isinstance(ins, ReceiveArtifact)])
         store.write_result_files()
         self._execute(endpoint, [ins for ins in deferred if isinstance(ins, ReceiveArtifact)])
+        if self.artifacts is not None:
+            for daemon_id, reply in self.artifacts.pump(time.monotonic()):
+                endpoint.send(daemon_id, reply)
         if stopped is not None:
             raise stopped
 
@@ -621,8 +672,8 @@ class SweepRunner:
             if isinstance(ins, (Send, ReceiveArtifact)) and deferred is not None:
                 deferred.append(ins)
             elif isinstance(ins, ReceiveArtifact):
-                if self.artifacts is not None:
-                    for reply in self.artifacts.handle(ins, time.monotonic()):
+                if self.artifacts is not None:  # carried out by _grouped's pump, a few per pass
+                    for reply in self.artifacts.enqueue(ins, time.monotonic()):
                         endpoint.send(ins.daemon_id, reply)
             elif isinstance(ins, Send):
                 if not endpoint.send(ins.daemon_id, ins.msg) and isinstance(ins.msg, Grant):

@@ -7,7 +7,10 @@ daemon's identity, never its routing id. A message from a key removed from the a
 its connection opened is refused (counted ``removed_key``) and dropped.
 
 Every receive has a deadline (``poll``); a frame that does not decode, or whose routing id is not a
-daemon id, is logged, counted (:attr:`RouterEndpoint.dropped`) and dropped, never raised.
+daemon id, is logged, counted (:attr:`RouterEndpoint.dropped`) and dropped, never raised. A RESULT
+whose outcome alone is out of bounds is not dropped (its daemon would re-send it forever): it is
+passed on as a ``parse`` failure keeping its raw payload (:class:`~servetune.messages.OutOfBoundsResult`),
+which the control core judges like any RESULT (counted :attr:`RouterEndpoint.out_of_bounds_results`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import zmq
 from coordinator.zap import KeyGate, ZapHandler
 from servetune.errors import ProtocolError, ServetuneError
 from servetune.keys import KeyPair, key_id
-from servetune.messages import ID_MAX_CHARS, Message, decode, encode, valid_id
+from servetune.messages import ID_MAX_CHARS, Message, OutOfBoundsResult, decode, encode, valid_id
 from servetune.wire import configure_router
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,8 @@ class RouterEndpoint:
         #: Frames dropped by :meth:`recv`, by why: ``routing_id`` (not a daemon id: not UTF-8, not
         #: a wire id, or a ZeroMQ-generated one), ``malformed`` (did not decode), ``frames``.
         self.dropped: Counter[str] = Counter()
+        #: RESULTs whose outcome alone was out of bounds, passed on as parse failures (not dropped).
+        self.out_of_bounds_results = 0
         self.gate = gate
         self.server_key = server.public
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -83,6 +88,11 @@ class RouterEndpoint:
             return None
         try:
             return daemon_id, decode(payload.bytes), key
+        except OutOfBoundsResult as exc:
+            self.out_of_bounds_results += 1
+            log.warning("RESULT from %s for trial %s attempt %d is out of bounds (%s): judged as a parse failure "
+                        "with its raw payload", daemon_id, exc.result.trial_id[:12], exc.result.epoch, exc)
+            return daemon_id, exc.result, key
         except ProtocolError as exc:
             self.dropped["malformed"] += 1
             log.warning("dropping malformed message from %s: %s", daemon_id, exc)

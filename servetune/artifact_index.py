@@ -17,6 +17,11 @@ daemon             who produced it: the daemon's key id once CURVE lands, its se
 stored_at_us       when the coordinator verified it (microseconds since the epoch)
 =================  =======================================================================
 
+Table ``upload_charges``, one row per artifact the coordinator agreed to take for an attempt
+(``trial_id, attempt, manifest_sha256`` the key; ``size`` the bytes charged; ``daemon`` the key id
+that offered it; ``charged_at_us``): the per-attempt upload budget, kept here so that a restarted
+coordinator goes on charging where the last one stopped instead of granting the budget again.
+
 The coordinator is the only writer (:meth:`ArtifactIndex.record`); readers (analysis, the
 dashboard) open it read-only through :func:`attempt_artifacts` and :func:`read_artifact`. It is its
 own file so that the experiment store's schema and its writer's locks stay untouched. The blob
@@ -54,6 +59,15 @@ CREATE TABLE IF NOT EXISTS artifacts (
     PRIMARY KEY (trial_id, attempt, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS artifacts_by_manifest ON artifacts (manifest_sha256);
+CREATE TABLE IF NOT EXISTS upload_charges (
+    trial_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    manifest_sha256 TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    daemon TEXT NOT NULL DEFAULT '',
+    charged_at_us INTEGER NOT NULL,
+    PRIMARY KEY (trial_id, attempt, manifest_sha256)
+) WITHOUT ROWID;
 """
 _COLUMNS = "trial_id, attempt, name, kind, manifest_sha256, size, sha256, daemon, stored_at_us"
 
@@ -143,6 +157,26 @@ class ArtifactIndex:
                                  (trial_id, attempt, name)).fetchone()
         return ArtifactRecord(**dict(row)) if row else None
 
+    def charges(self, trial_id: str, attempt: int) -> dict[str, int]:
+        """The uploads charged to an attempt so far: manifest digest -> bytes."""
+        rows = self._conn.execute("SELECT manifest_sha256, size FROM upload_charges WHERE trial_id=? AND attempt=?",
+                                  (trial_id, attempt)).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def charge(self, trial_id: str, attempt: int, manifest_sha256: str, size: int, daemon: str = "") -> None:
+        """Charge an upload to an attempt (idempotent: a digest is charged once)."""
+        self._conn.execute("INSERT OR IGNORE INTO upload_charges (trial_id, attempt, manifest_sha256, size, daemon, "
+                           "charged_at_us) VALUES (?,?,?,?,?,?)",
+                           (trial_id, attempt, manifest_sha256, size, daemon, time.time_ns() // 1000))
+
+    def attempts_with_artifacts(self) -> set[tuple[str, int]]:
+        """Every (trial, attempt) with at least one artifact indexed."""
+        return {(str(r[0]), int(r[1])) for r in self._conn.execute("SELECT DISTINCT trial_id, attempt FROM artifacts")}
+
+    def manifest_digests(self) -> list[str]:
+        """The manifest digest of every indexed artifact (distinct)."""
+        return [str(r[0]) for r in self._conn.execute("SELECT DISTINCT manifest_sha256 FROM artifacts ORDER BY 1")]
+
     def for_attempt(self, trial_id: str, attempt: int) -> list[ArtifactRecord]:
         rows = self._conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE trial_id=? AND attempt=? ORDER BY name",
                                   (trial_id, attempt)).fetchall()
@@ -156,6 +190,27 @@ def attempt_artifacts(folder: str | os.PathLike[str], trial_id: str, attempt: in
         return []
     with index:
         return index.for_attempt(trial_id, attempt)
+
+
+def unreferenced_blobs(folder: str | os.PathLike[str], store: BlobStore | None = None) -> list[str]:
+    """Blobs of the experiment's store that no indexed artifact uses (neither its manifest nor one
+    of its chunks): what a retention policy may delete (``store.delete``). Chunks of an upload in
+    flight are not indexed yet: call it only while no coordinator is receiving. A manifest that
+    cannot be read (missing, corrupted) might name any blob: then nothing is returned.
+    """
+    store = store or experiment_blob_store(folder)
+    index = ArtifactIndex.open_readonly(folder)
+    manifests: list[str] = []
+    if index is not None:
+        with index:
+            manifests = index.manifest_digests()
+    keep = set(manifests)
+    for digest in manifests:
+        try:
+            keep.update(load_manifest(store, digest).chunks)
+        except (ServetuneError, ValueError):
+            return []  # a manifest we cannot read: we cannot tell what it uses, so free nothing
+    return sorted(d for d in store.digests() if d not in keep)
 
 
 def read_artifact(folder: str | os.PathLike[str], record: ArtifactRecord, store: BlobStore | None = None) -> bytes:

@@ -2,7 +2,8 @@
 
 The contract (:class:`BlobStore`) is small so that other backends (an object store, a network
 filesystem) and retention can plug in later; :class:`LocalBlobStore` keeps blobs under an
-experiment's folder. Blobs say nothing about which trial they belong to: that metadata lives apart,
+experiment's folder. ``digests`` and ``delete`` are what a retention policy needs (list, then remove
+what no artifact references). Blobs say nothing about which trial they belong to: that metadata lives apart,
 in :mod:`servetune.artifact_index` (SQLite). Chunking and per-artifact manifests are in
 :mod:`servetune.artifacts`.
 """
@@ -105,6 +106,13 @@ class BlobStore(abc.ABC):
     def digests(self) -> Iterator[str]:
         """Every stored digest (any order)."""
 
+    @abc.abstractmethod
+    def delete(self, digest: str) -> bool:
+        """Remove the blob ``digest`` (for retention); True when it was stored. Idempotent; a blob
+        is gone whole or not at all (``has``/``get`` never see part of one). The store does not
+        know which artifacts use a blob: a caller deletes only what nothing references
+        (:func:`servetune.artifact_index.unreferenced_blobs`), while no upload is under way."""
+
     def verify(self, digest: str) -> bool:
         """True when ``digest`` is stored and intact; False when it is stored but corrupted.
 
@@ -200,6 +208,15 @@ class LocalBlobStore(BlobStore):
                 for f in sorted(sub.iterdir()):
                     if _DIGEST.match(f.name) and f.name.startswith(sub.name) and f.is_file():
                         yield f.name
+
+    def delete(self, digest: str) -> bool:
+        path = self._path(digest)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        _fsync_dir(path.parent)
+        return True
 
     def remove_temporaries(self) -> int:
         """Delete temporary files left by interrupted writes; returns how many. Call it only while

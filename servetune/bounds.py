@@ -19,6 +19,7 @@ same models, so a value outside these bounds fails where it is made, not silentl
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,3 +71,48 @@ class WireModel(BaseModel):
     every field bounded, unknown fields refused, frozen."""
 
     model_config = ConfigDict(**WIRE_CONFIG, frozen=True)
+
+
+# ---------------------------------------------------------------------- spec sections on the wire
+
+#: A GRANT carries spec sections (model, backend, budgets, engine config, trial manifests) whose
+#: models belong to the spec, where a string is a path or a URL. On the wire each of their
+#: strings (dict keys included) is at most this long, each list or dict at most
+#: :data:`MAX_SPEC_ENTRIES` entries, nested at most :data:`MAX_SPEC_DEPTH` deep.
+SPEC_STR_MAX_CHARS = 4096
+MAX_SPEC_ENTRIES = 10_000
+MAX_SPEC_DEPTH = 32
+
+
+def spec_tree_problem(value: object, where: str = "", depth: int = 0) -> str | None:
+    """Where ``value`` (decoded JSON, or a model of it) breaks the spec-section bounds above, as
+    ``"PATH: what"``, or None when it keeps them. A model is read through its fields."""
+    if isinstance(value, str):
+        if len(value) > SPEC_STR_MAX_CHARS:
+            return f"{where or '<root>'}: a string of {len(value)} characters (at most {SPEC_STR_MAX_CHARS})"
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return None
+    if isinstance(value, os.PathLike):
+        return spec_tree_problem(os.fspath(value), where, depth)
+    if depth >= MAX_SPEC_DEPTH:
+        return f"{where or '<root>'}: nested more than {MAX_SPEC_DEPTH} deep"
+    if isinstance(value, BaseModel):
+        value = {name: getattr(value, name) for name in type(value).model_fields}
+    if isinstance(value, dict):
+        items: list[tuple[str, object]] = []
+        for k, v in value.items():
+            if isinstance(k, str) and len(k) > SPEC_STR_MAX_CHARS:
+                return f"{where or '<root>'}: a key of {len(k)} characters (at most {SPEC_STR_MAX_CHARS})"
+            items.append((str(k), v))
+    elif isinstance(value, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return None  # another scalar: the model's own validation judges it
+    if len(items) > MAX_SPEC_ENTRIES:
+        return f"{where or '<root>'}: {len(items)} entries (at most {MAX_SPEC_ENTRIES})"
+    for k, v in items:
+        problem = spec_tree_problem(v, f"{where}.{k}" if where else k, depth + 1)
+        if problem:
+            return problem
+    return None

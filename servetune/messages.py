@@ -52,7 +52,9 @@ Rules both sides keep:
   submission for an attempt already accepted gets CONFLICT, an attempt that is no longer current
   (revoked, re-granted, never granted to this daemon) gets STALE. A daemon re-sends results not
   yet answered after every WELCOME. Only the coordinator decides that an attempt failed as
-  ``transport``: a RESULT claiming it is refused at validation.
+  ``transport``: a RESULT claiming it is refused at validation. A RESULT whose outcome alone is
+  out of bounds is not dropped (its daemon would re-send it forever): it is judged as a ``parse``
+  failure that keeps its raw payload (:class:`OutOfBoundsResult`), ACKed if it is the current attempt.
 - **Artifacts** (:mod:`servetune.artifact_messages` has the models and the per-artifact flow): a
   finished attempt's server log, raw samples and metric series, content-addressed in sha256
   chunks. An offer or chunk is judged like a RESULT (a live session, under its own key); the
@@ -71,9 +73,11 @@ Rules both sides keep:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails, from_json
 
 from servetune.artifact_messages import (
     ArtifactChunk,
@@ -85,6 +89,7 @@ from servetune.artifact_messages import (
 from servetune.bounds import (
     ID_MAX_CHARS,
     MAX_LEASES,
+    WIRE_CONFIG,
     Count,
     Epoch,
     Id,
@@ -93,6 +98,7 @@ from servetune.bounds import (
     PosFinite,
     Text,
     WireModel,
+    spec_tree_problem,
 )
 from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
@@ -195,6 +201,44 @@ class Grant(_Msg):
     budgets: Budgets
     config: EngineConfig
     trials: list[GrantedTrial] = Field(min_length=1, max_length=MAX_LEASES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_sections_bounded(cls, data: object) -> object:
+        """The spec sections' own models bound few of their strings (paths, URLs, environment):
+        on the wire every string, list and dict in them is bounded (:func:`spec_tree_problem`).
+        Sections that arrive as models were built here, from a spec the control core checked
+        against the same bounds when the sweep started (:func:`grant_bounds_problem`)."""
+        if not isinstance(data, dict):
+            return data
+        sections: list[tuple[str, object]] = [(n, data.get(n)) for n in ("model", "backend", "budgets", "config")]
+        trials = data.get("trials")
+        if isinstance(trials, list):
+            sections += [(f"trials.{i}", t) for i, t in enumerate(trials)]
+        for name, value in sections:
+            if not isinstance(value, BaseModel):
+                problem = spec_tree_problem(value, name)
+                if problem:
+                    raise ValueError(f"out of bounds: {problem}")
+        return data
+
+
+def grant_bounds_problem(model: object, backend: object, budgets: object, work: Iterable[tuple[object, Iterable[object]]]) -> str | None:
+    """Where the GRANTs of a sweep would break the wire's spec-section bounds (a spec's model path,
+    base URL or environment too long), as ``"PATH: what"``, or None. ``work``: (engine config,
+    trial manifests) per batch. The control core asks once at start, so it never builds a GRANT
+    its daemons would refuse."""
+    for name, value in (("model", model), ("backend", backend), ("budgets", budgets)):
+        problem = spec_tree_problem(value, name)
+        if problem:
+            return problem
+    for config, manifests in work:
+        problem = spec_tree_problem(config, "engine config")
+        for m in manifests:
+            problem = problem or spec_tree_problem(m, "trial manifest")
+        if problem:
+            return problem
+    return None
 
 
 class NoWork(_Msg):
@@ -311,16 +355,77 @@ def encode(msg: WireModel) -> bytes:
     return data
 
 
+class OutOfBoundsResult(ProtocolError):
+    """A RESULT whose envelope (session, batch, trial, epoch, submission) is sound but whose outcome
+    breaks a bound (a time over int64, NaN, a string too long). ``result`` is that submission with its
+    outcome replaced by a ``parse`` failure that gives the reason and keeps the raw payload (its
+    first :data:`RAW_KEPT_CHARS` characters, in ``log_tail``): the coordinator judges it like any
+    RESULT, so the lease holder's submission is kept and ACKed (never ranked) instead of dropped
+    and re-sent forever, and anyone else's is STALE or refused as usual."""
+
+    def __init__(self, reason: str, result: Result):
+        super().__init__(reason)
+        self.result = result
+
+
+#: How much of an out-of-bounds RESULT's raw payload is kept (LongText's bound).
+RAW_KEPT_CHARS = 1024 * 1024
+#: Validation errors that are a value out of its bound (not a wrong shape or a forbidden claim).
+_BOUND_ERRORS = frozenset({
+    "string_too_long", "string_too_short", "too_long", "too_short", "greater_than", "greater_than_equal",
+    "less_than", "less_than_equal", "finite_number",
+})
+
+
+class _ResultEnvelope(WireModel):
+    """A RESULT without its outcome (read from a RESULT whose outcome failed validation)."""
+
+    model_config = ConfigDict(**{**WIRE_CONFIG, "extra": "ignore"}, frozen=True)
+    type: Literal["RESULT"]
+    session_nonce: Id
+    batch_id: Id
+    trial_id: Id
+    epoch: Epoch
+    submission_id: Id
+
+
+def _salvage_result(frame: bytes, errors: list[ErrorDetails], reason: str) -> Result | None:
+    """The RESULT in ``frame`` as a parse failure (see :class:`OutOfBoundsResult`), or None when
+    the frame is not a RESULT whose only faults are outcome values out of bounds."""
+    if not all(e["type"] in _BOUND_ERRORS and e["loc"][:2] == ("RESULT", "outcome") for e in errors):
+        return None
+    try:
+        env = _ResultEnvelope.model_validate(from_json(frame))
+    except (ValueError, ValidationError):
+        return None
+    text = frame.decode("utf-8", "replace")
+    kept = text[:RAW_KEPT_CHARS]
+    cut = f", its first {len(kept)} characters" if len(kept) < len(text) else ""
+    outcome = TrialOutcome(
+        status="failed", failure_kind="parse", started_at_us=0, finished_at_us=0, log_tail=kept,
+        error=f"result refused at decode: {reason}; the raw RESULT ({len(frame)} bytes{cut}) is kept in log_tail",
+    )
+    return Result(session_nonce=env.session_nonce, batch_id=env.batch_id, trial_id=env.trial_id, epoch=env.epoch,
+                  submission_id=env.submission_id, outcome=outcome)
+
+
 def decode(frame: bytes) -> Message:
-    """Parse and validate one frame. Raises :class:`ProtocolError` with the reason."""
+    """Parse and validate one frame. Raises :class:`ProtocolError` with the reason
+    (:class:`OutOfBoundsResult`, with the submission as a parse failure, for a RESULT whose
+    outcome alone is out of bounds)."""
     if len(frame) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"frame of {len(frame)} bytes is over the {MAX_MESSAGE_BYTES}-byte bound")
     try:
         msg = _ADAPTER.validate_json(frame)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        first = errors[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ProtocolError(f"invalid message at {where or '<root>'}: {first['msg']}") from None
+        reason = f"invalid message at {where or '<root>'}: {first['msg']}"
+        salvaged = _salvage_result(frame, errors, reason)
+        if salvaged is not None:
+            raise OutOfBoundsResult(reason, salvaged) from None
+        raise ProtocolError(reason) from None
     # only HELLO and WELCOME carry it (a getattr that misses costs a pydantic __getattr__ and an exception)
     version = msg.protocol_version if isinstance(msg, (Hello, Welcome)) else PROTOCOL_VERSION
     if version != PROTOCOL_VERSION:

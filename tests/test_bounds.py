@@ -164,3 +164,46 @@ def test_decode_of_random_json_messages_raises_only_protocol_error(doc: dict[str
 @given(near_valid())
 def test_decode_of_near_valid_messages_raises_only_protocol_error(frame: bytes) -> None:
     _only_protocol_errors(frame)
+
+
+# ---------------------------------------------------------------------- out-of-bounds RESULTs are judged, not dropped
+
+
+def test_a_result_whose_outcome_alone_is_out_of_bounds_decodes_as_a_parse_failure_keeping_the_raw_payload() -> None:
+    from servetune.messages import OutOfBoundsResult
+    frame = _set(_frame(RESULT), "outcome.samples.0.end_ns", 2**80)
+    with pytest.raises(OutOfBoundsResult) as err:
+        decode(frame)
+    kept = err.value.result
+    assert (kept.trial_id, kept.epoch, kept.submission_id, kept.batch_id, kept.session_nonce) == ("t", 1, "s", "b", "n")
+    assert kept.outcome.status == "failed" and kept.outcome.failure_kind == "parse"
+    assert "outcome.samples.0.end_ns" in (kept.outcome.error or "") and "refused at decode" in (kept.outcome.error or "")
+    assert kept.outcome.log_tail == frame.decode()
+    assert not kept.outcome.samples  # nothing of it can be ranked
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("epoch", 2**70),  # the envelope itself out of bounds: no attempt to judge it against
+    ("submission_id", "x" * 10_000),
+    ("outcome.failure_kind", "transport"),  # a forbidden claim, not a bound
+    ("outcome.bogus", 1),  # a wrong shape
+])
+def test_other_invalid_results_stay_plain_protocol_errors(path: str, value: Any) -> None:
+    from servetune.messages import OutOfBoundsResult
+    doc = _frame(RESULT)
+    if path == "outcome.failure_kind":
+        doc["outcome"]["status"] = "failed"
+    with pytest.raises(ProtocolError) as err:
+        decode(_set(doc, path, value))
+    assert not isinstance(err.value, OutOfBoundsResult)
+
+
+def test_a_huge_out_of_bounds_result_keeps_the_first_mebibyte_of_its_payload() -> None:
+    from servetune.messages import RAW_KEPT_CHARS, OutOfBoundsResult
+    doc = _frame(RESULT)
+    doc["outcome"]["samples"][0]["error"] = "e" * (2 * RAW_KEPT_CHARS)
+    frame = json.dumps(doc).encode()
+    with pytest.raises(OutOfBoundsResult) as err:
+        decode(frame)
+    out = err.value.result.outcome
+    assert out.log_tail == frame.decode()[:RAW_KEPT_CHARS] and f"its first {RAW_KEPT_CHARS} characters" in (out.error or "")

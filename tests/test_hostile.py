@@ -120,13 +120,16 @@ def _forged_under_a_real_session(mallory: Scripted, grant: msgs.Grant) -> list[b
         _frame(state, session_nonce="forged-nonce"),  # a wrong session: REJOIN
         _frame(result, epoch=t0.attempt + 1, submission_id="forged-epoch"),  # STALE
         _frame(result, epoch=2**63, submission_id="huge-epoch"),  # over SQLite's range: dropped
-        _frame(result, submission_id="huge-time",  # the current attempt, but its times are over int64: dropped
+        # out-of-bounds outcomes are judged like any RESULT (a parse failure): for an attempt that is
+        # not current, STALE (the lease holder's own is kept: test_an_out_of_bounds_result_...)
+        _frame(result, submission_id="huge-time", epoch=t0.attempt + 1,
                outcome={**json.loads(ok.model_dump_json()), "started_at_us": 2**70, "finished_at_us": 2**70 + 1}),
         _frame(result, batch_id="other-batch", submission_id="other-batch"),  # STALE
         _frame(result, trial_id="e" * 64, submission_id="not-held"),  # STALE
         _frame(result, session_nonce="forged-nonce", submission_id="wrong-nonce"),  # REJOIN, never accepted
-        _replace(_frame(result, submission_id="nan"), b'"window_s":1.0', b'"window_s":NaN'),  # dropped
-        _replace(_frame(result, submission_id="inf"), b'"window_s":1.0', b'"window_s":1e999'),  # dropped
+        _replace(_frame(result, submission_id="nan", trial_id="e" * 64), b'"window_s":1.0', b'"window_s":NaN'),
+        _replace(_frame(result, submission_id="inf", session_nonce="forged-nonce"), b'"window_s":1.0',
+                 b'"window_s":1e999'),  # REJOIN
         _frame(result, submission_id="transport", outcome={**json.loads(ok.model_dump_json()), "status": "failed",
                                                            "failure_kind": "transport"}),  # refused at decode
         _frame(result, submission_id="x" * 10_000),
@@ -164,18 +167,24 @@ def _renew(mallory: Scripted, held: list[msgs.LeaseRef], timeout_s: float = 30) 
             return answer
 
 
+def _lease(mallory: Scripted) -> msgs.Grant:
+    """Join as ``mallory`` (the fleet's admitted key) and take a batch of two trials."""
+    mallory.send(msgs.Hello(daemon_id="mallory", session_nonce=mallory.nonce, pid=1,
+                            capabilities=msgs.Capabilities(fingerprint=_fingerprint())))
+    assert isinstance(mallory.recv((msgs.Welcome,), 60), msgs.Welcome)
+    mallory.send(msgs.Ready(session_nonce=mallory.nonce, seq=1))
+    grant = mallory.recv((msgs.Grant,))
+    assert isinstance(grant, msgs.Grant) and len(grant.trials) == 2
+    return grant
+
+
 def test_a_hostile_peer_never_takes_the_coordinator_down_or_changes_a_trial(fleet: Fleet) -> None:
     fleet.start_coordinator()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     mallory = Scripted(fleet.address, fleet.home, "mallory")
     sockets: list[zmq.Socket[bytes]] = []
     try:
-        mallory.send(msgs.Hello(daemon_id="mallory", session_nonce=mallory.nonce, pid=1,
-                           capabilities=msgs.Capabilities(fingerprint=_fingerprint())))
-        assert isinstance(mallory.recv((msgs.Welcome,), 60), msgs.Welcome)
-        mallory.send(msgs.Ready(session_nonce=mallory.nonce, seq=1))
-        grant = mallory.recv((msgs.Grant,))
-        assert isinstance(grant, msgs.Grant) and len(grant.trials) == 2
+        grant = _lease(mallory)
         held = [msgs.LeaseRef(trial_id=t.trial_id, epoch=t.attempt) for t in grant.trials]
         before = _store_state(fleet)
         assert [row[2] for row in before[0]] == ["running", "running"]
@@ -317,3 +326,49 @@ def test_the_router_drops_and_counts_frames_whose_routing_id_is_not_a_daemon_id(
         for sock in socks:
             sock.close(linger=0)
         router.close()
+
+
+def test_an_out_of_bounds_result_of_the_lease_holder_is_kept_as_a_parse_failure_and_acked(fleet: Fleet) -> None:
+    """A RESULT whose outcome breaks a bound (a time over int64, NaN) from the daemon that holds the
+    lease is neither ranked nor dropped (its daemon would re-send it forever): it is kept as a
+    ``parse`` failure with the reason and its raw payload, and ACKed; a replay gets the same ACK."""
+    fleet.start_coordinator()
+    mallory = Scripted(fleet.address, fleet.home, "mallory")
+    try:
+        grant = _lease(mallory)
+        t0, t1 = grant.trials
+        ok = TrialOutcome(status="ok", samples=[_sample(0), _sample(1)], window_s=1.0, started_at_us=1, finished_at_us=2)
+        result = msgs.Result(session_nonce=mallory.nonce, batch_id=grant.batch_id, trial_id=t0.trial_id,
+                             epoch=t0.attempt, submission_id="huge-time", outcome=ok)
+        huge = _frame(result, outcome={**json.loads(ok.model_dump_json()), "started_at_us": 2**70})
+        nan = _replace(_frame(result, trial_id=t1.trial_id, epoch=t1.attempt, submission_id="nan"),
+                       b'"window_s":1.0', b'"window_s":NaN')
+        other = _replace(_frame(result, submission_id="nan-too"), b'"window_s":1.0', b'"window_s":NaN')
+        answers = []
+        for frame in (huge, huge, other, nan):
+            mallory.sock.send(frame)
+            answers.append(mallory.recv((msgs.Ack, msgs.Stale, msgs.Conflict), 30))
+        assert [type(a).__name__ for a in answers] == ["Ack", "Ack", "Conflict", "Ack"], answers
+        assert [a.submission_id for a in answers] == ["huge-time", "huge-time", "nan-too", "nan"]  # type: ignore[union-attr]
+        fleet.start_daemon("honest", None, *QUICK_EXIT)  # the rest of the sweep
+    finally:
+        mallory.close()
+    code, out, log = _finish(fleet)
+    assert code == 0, log[-4000:]
+    assert "is out of bounds" in log and "Traceback" not in log, log[-4000:]
+    mine = {a["submission_id"]: a for a in fleet.attempts() if a["daemon_id"] == "mallory"}
+    assert set(mine) == {"huge-time", "nan"}, mine
+    for sub, where in (("huge-time", "outcome.started_at_us"), ("nan", "outcome.window_s")):
+        a = mine[sub]
+        assert a["failure_kind"] == "parse" and "refused at decode" in a["error"] and where in a["error"], a
+        record = json.loads((fleet.folder / a["result_path"]).read_text())
+        raw = record["outcome"]["log_tail"]
+        assert record["failure_kind"] == "parse" and f'"submission_id":"{sub}"' in raw, record
+    store = Store.open_readonly(fleet.folder)
+    try:
+        ranked_ok = {s.trial_id for s in collect_summaries(store) if s.status == "ok"}
+    finally:
+        store.close()
+    assert not ranked_ok & {t0.trial_id, t1.trial_id}
+    problems = check_invariants(fleet, acked_submissions(fleet.daemon_log("honest")))
+    assert not problems, "\n".join(problems)

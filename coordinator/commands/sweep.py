@@ -110,4 +110,7 @@ def run(args: argparse.Namespace) -> int:
     except (BindError, KeyFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    except SpecError as exc:  # a spec its GRANTs could not carry (coordinator.control.check_grant_bounds)
+        print(exc, file=sys.stderr)
+        return ExitCode.USAGE
     return int(report.exit_code)
