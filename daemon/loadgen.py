@@ -32,7 +32,8 @@ Times are ``time.monotonic_ns()`` on this process. ``scheduled_ns`` is when the 
 meant to send the request: its arrival time, or the moment its concurrency slot freed (the end of
 the request that held it) if that is later; ``send_ns - scheduled_ns`` is therefore the client's
 own lag, never the wait for a slot. ``token_ns`` holds the arrival of every streamed chunk that
-carries a choice (its text may be empty for a partial UTF-8 character), ``end_ns`` the arrival of
+carries a token (:func:`daemon.stream.choice_carries_token`: its text may be empty for a partial
+UTF-8 character, but an empty chunk that finishes the stream is no token), ``end_ns`` the arrival of
 ``data: [DONE]``.
 
 Requests are deterministic under ``lp.seed`` (request *i* gets the *i*-th planned request; see
