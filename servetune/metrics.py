@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.result import RequestSample
+from servetune.result import LoopLag, RequestSample
 from servetune.spec import SLO
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
@@ -95,6 +95,9 @@ class TrialMetrics(BaseModel):
         "anything from about 40 to 95/s. None in a closed loop, with a concurrency cap, or under 2 sends")
     achieved_rate: float | None
     sched_lag_p99_ms: float | None
+    loop_lag_p50_ms: float | None = Field(None, description="the client's event-loop lag (daemon.looplag); None: not measured")
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
     client_fell_behind: bool
 
 
@@ -134,6 +137,7 @@ def summarize(
     lag_tolerance_ms: float = 10.0,
     concurrency_capped: bool = False,
     closed_loop_lag_fraction: float = 0.01,
+    loop_lag: LoopLag | None = None,
 ) -> TrialMetrics:
     """Aggregate raw samples of one trial into :class:`TrialMetrics`.
 
@@ -153,6 +157,11 @@ def summarize(
     ``lag_tolerance_ms`` and ``closed_loop_lag_fraction`` (1%) of the median end-to-end latency:
     32 streams whose tokens land in one engine step delay the next send by a few milliseconds,
     which is no distortion for requests that take seconds.
+
+    ``loop_lag`` (the client's event-loop lag over the window, :mod:`daemon.looplag`) sees the
+    receive side too: a p99 over ``lag_tolerance_ms`` means at least 1% of the time the client
+    stamped sends and chunk arrivals that much late, so it flags ``client_fell_behind`` as well,
+    closed loop or not (a TTFT error is absolute, however long the requests take).
     """
     if window_s <= 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
@@ -193,6 +202,7 @@ def summarize(
     fell_behind = bool(
         (lag_p99 is not None and lag_p99 > tolerance)
         or (scheduled is not None and achieved is not None and achieved < 0.95 * scheduled and len(sends) >= 20)
+        or (loop_lag is not None and loop_lag.p99_ms > lag_tolerance_ms)
     )
     return TrialMetrics(
         quantiles=list(quantiles),
@@ -222,6 +232,9 @@ def summarize(
         scheduled_rate=scheduled,
         achieved_rate=achieved,
         sched_lag_p99_ms=lag_p99,
+        loop_lag_p50_ms=loop_lag.p50_ms if loop_lag is not None else None,
+        loop_lag_p99_ms=loop_lag.p99_ms if loop_lag is not None else None,
+        loop_lag_max_ms=loop_lag.max_ms if loop_lag is not None else None,
         client_fell_behind=fell_behind,
     )
 

@@ -409,6 +409,55 @@ def test_openai_style_final_empty_chunk_leaves_itl_unbiased(canned: Canned, chat
     assert all(s.error is None and len(s.token_ns) == 8 for s in res.samples), [len(s.token_ns) for s in res.samples]
 
 
+def test_a_blocked_event_loop_is_measured_and_flagged(canned: Canned) -> None:
+    """A closed loop whose event loop is blocked 25 ms in every 100 (time.sleep in a callback, the
+    way a busy host or a slow callback stalls the client): the stall delays chunk arrivals and the
+    ends that schedule the next sends alike, so the send lag cannot tell; the loop probe reads the
+    stalls (p99 and max over 20 ms) and the self-check flags the client."""
+    lp = lp_(max_concurrency=4, num_requests=160, output_len=8, input_len=4)
+
+    async def main() -> LoadResult:
+        loop = asyncio.get_running_loop()
+        stalls: list[asyncio.TimerHandle] = []
+
+        def stall() -> None:
+            time.sleep(0.025)
+            stalls.append(loop.call_later(0.075, stall))
+
+        async with LoadGenerator(canned.url("ttft=3,itl=1"), "canned", VOCAB) as gen:
+            stalls.append(loop.call_later(0.05, stall))
+            try:
+                return await gen.measure(lp, 60.0)
+            finally:
+                for handle in stalls:
+                    handle.cancel()
+
+    res = asyncio.run(main())
+    assert len(res.samples) == 160 and all(s.error is None for s in res.samples)
+    lag = res.loop_lag
+    assert lag is not None and lag.n >= 10 and lag.interval_ms == 10.0
+    assert lag.p99_ms > 20.0 and lag.max_ms >= lag.p99_ms, lag
+    m = summarize(res.samples, res.window_s, loop_lag=lag)
+    assert m.loop_lag_p99_ms == lag.p99_ms and m.loop_lag_max_ms == lag.max_ms
+    assert m.client_fell_behind
+    # whether a stall also hit a send here is chance; with the send side spotless the probe alone flags it
+    on_time = [s.model_copy(update={"scheduled_ns": s.send_ns}) for s in res.samples]
+    assert not summarize(on_time, res.window_s).client_fell_behind
+    assert summarize(on_time, res.window_s, loop_lag=lag).client_fell_behind
+
+
+def test_loop_probe_keeps_a_bounded_reservoir_and_the_exact_max() -> None:
+    from daemon.looplag import LoopProbe
+
+    probe = LoopProbe(keep=100)
+    assert probe.summary() is None
+    for i in range(10_000):
+        probe.add(float(i % 1000) if i != 5 else 5000.0)
+    lag = probe.summary()
+    assert lag is not None and lag.n == 10_000 and lag.max_ms == 5000.0
+    assert len(probe._kept) == 100 and 300 < lag.p50_ms < 700  # a uniform sample of 0..999
+
+
 def test_stream_error_event_recorded() -> None:
     rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
     rec.on_payload(b'{"error":{"message":"boom","type":"X","code":500}}', 5)

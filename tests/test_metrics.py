@@ -7,7 +7,7 @@ import math
 import pytest
 
 from servetune.metrics import quantile, server_summary, summarize
-from servetune.result import RequestSample
+from servetune.result import LoopLag, RequestSample
 from servetune.spec import SLO
 
 MS = 1_000_000
@@ -78,6 +78,20 @@ def test_achieved_rate_and_client_fell_behind() -> None:
     assert capped.scheduled_rate is None and not capped.client_fell_behind
     lagging = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2, 1, [], lag_ms=50) for i in range(30)]
     assert summarize(lagging, window_s=3.0).client_fell_behind
+
+
+def test_event_loop_lag_flags_the_client() -> None:
+    """The loop probe's p99 over the lag tolerance flags the client in a closed loop too, where the
+    send lag is 0 (the stall delayed the ends the sends are scheduled from)."""
+    samples = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2000, 1, [i * 100.0 + 1]) for i in range(30)]
+    calm = summarize(samples, window_s=3.0, loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=2.0, max_ms=40))
+    assert (calm.loop_lag_p50_ms, calm.loop_lag_p99_ms, calm.loop_lag_max_ms) == (0.1, 2.0, 40.0)
+    assert not calm.client_fell_behind
+    stalled = summarize(samples, window_s=3.0,
+                        loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=25.0, max_ms=40))
+    assert stalled.sched_lag_p99_ms == 0.0 and stalled.client_fell_behind
+    unmeasured = summarize(samples, window_s=3.0)
+    assert unmeasured.loop_lag_p99_ms is None and not unmeasured.client_fell_behind
 
 
 def test_closed_loop_lag_tolerance_scales_with_request_latency() -> None:
