@@ -1,0 +1,218 @@
+"""Tests that guard promises a mutation check found unprotected (issue 13; ``benchmarks/mutations.py``
+breaks each one on purpose and expects a test here, or elsewhere, to fail):
+
+- a trial's id covers every manifest field: changing any field, found by walking the manifest
+  recursively, changes the id (dropping the dataset file's sha256 or the load point's seed from
+  the hash must fail here);
+- :func:`servetune.wire.encode` refuses a message over its size bound;
+- trials planned by an earlier version of the spec stay in ``results.nc`` with
+  ``in_current_spec`` False;
+- the design is recorded truthfully: ``randomized`` is 1 only for a plan whose order was shuffled;
+- every test that starts a real vLLM server (through the ``vllm_server`` or ``e2e_sweep``
+  fixtures) carries the ``vllm`` marker, so ``-m "not vllm"`` never starts one.
+
+All fast and offline: no daemon, no server.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from servetune.errors import ProtocolError
+from servetune.manifest import TrialManifest
+from servetune.messages import MAX_MESSAGE_BYTES, Result, encode
+from servetune.result import RequestSample, TrialOutcome
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------- trial ids
+
+_BASE: dict[str, Any] = {
+    "experiment": "guards",
+    "model": {"source": "tiny", "name": "tiny-llama", "generator": "3"},
+    "backend": "vllm",
+    "target": None,
+    "config_id": "c" * 64,
+    "engine": {"args": {"max_num_seqs": 8, "enable_prefix_caching": True}, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+    "repeat": 1,
+    "baseline_run": None,
+}
+#: One load point per dataset kind, so every dataset model's fields are walked.
+_LOAD_POINTS: dict[str, dict[str, Any]] = {
+    "file": {"name": "lp", "request_rate": 4.0, "num_requests": 20, "seed": 3, "warmup_requests": 2,
+             "dataset": {"kind": "jsonl", "path": "/data/p.jsonl", "sha256": "a" * 64, "max_input_len": 100,
+                         "output_len_from": "load_point"}},
+    "shared_prefix": {"name": "lp", "max_concurrency": 4, "duration_s": 5.0, "input_len": 64,
+                      "output_len": {"dist": "uniform", "min": 4, "max": 16},
+                      "dataset": {"kind": "shared_prefix", "num_prefixes": 2, "suffixes_per_prefix": 3,
+                                  "prefix_len": 16}},
+    "random": {"name": "lp", "request_rate": 2.0, "arrival": "gamma", "burstiness": 2.0, "num_requests": 10,
+               "input_len": {"dist": "normal", "mean": 50.0, "std": 5.0, "min": 10, "max": 90},
+               "rate_sweep": None, "stop": {"max_errors": 3, "over_saturation": True}},
+    "rate_sweep": {"name": "lp", "rate_sweep": {"num_rates": 3, "max_concurrency": 16}, "num_requests": 10,
+                   "endpoint": "chat"},
+}
+#: Leaves deliberately left out of the id (see TrialManifest.trial_id): where the file lies on this node.
+_NOT_HASHED = {("load_point", "dataset", "path")}
+#: Values tried for a leaf that holds None (an unset optional field) until one validates.
+_PALETTE: tuple[Any, ...] = (2, 7, 2048, 0.5, 0.85, True, "x", "auto", "fp8", "mp", [1], {"x": "1"},
+                             {"dist": "fixed", "value": 5}, {"num_rates": 2})
+
+
+def _manifest(kind: str) -> dict[str, Any]:
+    doc = copy.deepcopy(_BASE)
+    doc["load_point"] = copy.deepcopy(_LOAD_POINTS[kind])
+    return TrialManifest.model_validate(doc).model_dump(mode="json")  # every field, defaults included
+
+
+def _leaves(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    """Every leaf of a JSON value (an empty dict or list is a leaf too)."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(node, list) and node:
+        for i, value in enumerate(node):
+            yield from _leaves(value, (*path, i))
+    else:
+        yield path
+
+
+def _get(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for key in path:
+        doc = doc[key]  # type: ignore[index]
+    return doc
+
+
+def _with(doc: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    node: Any = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def _candidates(value: Any) -> list[Any]:
+    """Other values of the same shape, to try in order."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value + 2, max(1, value - 1), 1, 2]
+    if isinstance(value, float):
+        return [value * 1.5, value * 0.5, value + 1.0, 0.5]
+    if isinstance(value, str):
+        return [value + "x", value[:-1] + ("b" if value[-1:] != "b" else "c"), "poisson", "constant", "chat",
+                "sharegpt", "dataset", "fixed", "normal", "openai"]
+    if value == {}:
+        return [{"X": "1"}, {"x": "1"}]
+    return list(_PALETTE)
+
+
+def _valid(doc: dict[str, Any]) -> TrialManifest | None:
+    try:
+        return TrialManifest.model_validate(doc)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+def test_changing_any_manifest_field_changes_the_trial_id() -> None:
+    """Walk the manifest (every field of every nested model, defaults included; one manifest per
+    dataset kind) and change each leaf to another valid value: the trial id must change, except for
+    the dataset's local path. A leaf that cannot change alone in one manifest (``burstiness`` needs
+    gamma arrivals) must be changed in another."""
+    unchanged, untried, tried = [], set(), set()
+    for kind in sorted(_LOAD_POINTS):
+        doc = _manifest(kind)
+        base_id = TrialManifest.model_validate(doc).trial_id
+        for path in _leaves(doc):
+            old = _get(doc, path)
+            edits = [(path, v) for v in _candidates(old)] + [(path[:-1], v) for v in _PALETTE]  # or its parent
+            for at, value in edits:
+                changed = _valid(_with(doc, at, value))
+                if changed is not None and changed.model_dump(mode="json") != doc:
+                    break
+            else:
+                untried.add(path)
+                continue
+            tried.add(path)
+            if (changed.trial_id == base_id) != (path in _NOT_HASHED):
+                unchanged.append((kind, path, old, value))
+    assert not unchanged, f"fields whose change leaves the trial id as it was (or hashes a local path): {unchanged}"
+    # an unset model (rate_sweep: None) is walked where it is set, in another manifest
+    missed = {u for u in untried if not any(t[:len(u)] == u for t in tried)}
+    assert not missed, f"leaves the walk found no other valid value for (add candidates): {missed}"
+    assert len(tried) > 60, len(tried)  # the walk reaches the engine args, not just the top level
+
+
+def test_the_walk_reaches_the_fields_the_mutations_drop() -> None:
+    """The two promises the mutation check found unguarded are among the walked leaves."""
+    walked = {p for kind in _LOAD_POINTS for p in _leaves(_manifest(kind))}
+    assert ("load_point", "dataset", "sha256") in walked and ("load_point", "seed") in walked
+    assert ("engine", "env", "VLLM_CPU_KVCACHE_SPACE") in walked and ("repeat",) in walked
+
+
+_LEAVES = {kind: list(_leaves(_manifest(kind))) for kind in _LOAD_POINTS}
+
+
+@st.composite
+def _edit(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], tuple[str | int, ...]]:
+    kind = draw(st.sampled_from(sorted(_LEAVES)))
+    doc = _manifest(kind)
+    path = draw(st.sampled_from(_LEAVES[kind]))
+    old = _get(doc, path)
+    if isinstance(old, bool):
+        value: Any = not old
+    elif isinstance(old, int):
+        value = draw(st.integers(min_value=0, max_value=10**6))
+    elif isinstance(old, float):
+        value = draw(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False))
+    elif isinstance(old, str):
+        value = draw(st.one_of(st.text(alphabet="abcdefxyz0123456789_-", min_size=1, max_size=12),
+                               st.sampled_from(_candidates(old))))
+    else:
+        value = draw(st.sampled_from(_candidates(old)))
+    return doc, _with(doc, path, value), path
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_edit())
+def test_property_any_valid_edit_of_a_manifest_changes_its_id(
+    edit: tuple[dict[str, Any], dict[str, Any], tuple[str | int, ...]],
+) -> None:
+    """Hypothesis: a random valid edit of any one leaf changes the trial id iff the manifest changed
+    (the dataset's local path aside)."""
+    doc, edited, path = edit
+    after = _valid(edited)
+    if after is None or path in _NOT_HASHED:
+        return
+    before = TrialManifest.model_validate(doc)
+    same = after.model_dump(mode="json") == before.model_dump(mode="json")
+    assert (after.trial_id == before.trial_id) == same, (path, _get(doc, path), _get(edited, path))
+
+
+# --------------------------------------------------------------------------- message size bound
+
+
+def _result_of(n_samples: int) -> Result:
+    error = "e" * 65_536  # the longest error a sample may carry (servetune.bounds.Text)
+    sample = RequestSample(index=0, scheduled_ns=0, send_ns=0, end_ns=1, error=error)
+    outcome = TrialOutcome(status="ok", samples=[sample] * n_samples, window_s=1.0, started_at_us=0, finished_at_us=1)
+    return Result(session_nonce="n", batch_id="b", trial_id="t", epoch=1, submission_id="s", outcome=outcome)
+
+
+def test_encode_refuses_a_message_over_the_size_bound() -> None:
+    """A RESULT whose every field is within its own bound can still add up to more than one frame
+    may hold: encode() refuses it, naming the bound, instead of sending what the peer's libzmq
+    would drop with the connection. Just under the bound it encodes."""
+    under = encode(_result_of(1000))
+    assert MAX_MESSAGE_BYTES - 3_000_000 < len(under) <= MAX_MESSAGE_BYTES
+    with pytest.raises(ProtocolError, match=rf"Result is \d+ bytes, over the {MAX_MESSAGE_BYTES}-byte bound"):
+        encode(_result_of(1030))
