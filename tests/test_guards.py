@@ -16,20 +16,26 @@ All fast and offline: no daemon, no server.
 
 from __future__ import annotations
 
+import ast
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from coordinator.dataset import write_dataset
+from coordinator.store import Store
 from servetune.errors import ProtocolError
-from servetune.manifest import TrialManifest
+from servetune.manifest import TrialManifest, plan_grid
 from servetune.messages import MAX_MESSAGE_BYTES, Result, encode
 from servetune.result import RequestSample, TrialOutcome
+from servetune.spec import ExperimentSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -216,3 +222,117 @@ def test_encode_refuses_a_message_over_the_size_bound() -> None:
     assert MAX_MESSAGE_BYTES - 3_000_000 < len(under) <= MAX_MESSAGE_BYTES
     with pytest.raises(ProtocolError, match=rf"Result is \d+ bytes, over the {MAX_MESSAGE_BYTES}-byte bound"):
         encode(_result_of(1030))
+
+
+# --------------------------------------------------------------------------- results.nc: spec versions, design
+
+QUICKSTART = (REPO / "configs" / "quickstart.yaml").read_text(encoding="utf-8")
+
+
+def _spec(randomize: bool, drop_config: bool = False) -> tuple[ExperimentSpec, str]:
+    text = QUICKSTART.replace("planner: {kind: grid, randomize: true, seed: 7}",
+                              f"planner: {{kind: grid, randomize: {str(randomize).lower()}, seed: 7}}")
+    if drop_config:  # a later version of the experiment: the max_num_seqs 4 config taken out
+        text = text.replace("    - {max_num_seqs: 4,  max_num_batched_tokens: 2048, enable_chunked_prefill: true}\n", "")
+    assert text != QUICKSTART or randomize
+    return parse_spec(text), text
+
+
+def _record(store: Store, spec: ExperimentSpec, text: str) -> list[str]:
+    store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), text, plan_grid(spec))
+    return store.planned_trial_ids(spec.spec_hash())
+
+
+def _finish_ok(store: Store, trial_id: str, throughput: float) -> None:
+    attempt = store.begin_attempt(trial_id, daemon_id="d", batch_id="b", spec_hash="h")
+    store.finish_attempt(trial_id, attempt, status="ok", failure_kind=None, error=None, submission_id="s",
+                         record={"x": 1}, metrics={"output_throughput": throughput}, hardware_class="cpu")
+
+
+def test_trials_of_an_earlier_spec_version_stay_in_results_nc(tmp_path: Path) -> None:
+    """An edited spec that drops a config keeps the trials (and results) of the first version in
+    results.nc, marked ``in_current_spec`` False; the new version's trials are True."""
+    store = Store.open(tmp_path / "exp")
+    try:
+        v1, text1 = _spec(randomize=False)
+        first = _record(store, v1, text1)
+        _finish_ok(store, first[0], 123.0)  # measured under version 1: a max_num_seqs=4 trial
+        v2, text2 = _spec(randomize=False, drop_config=True)
+        second = _record(store, v2, text2)
+        dropped = set(first) - set(second)
+        assert first[0] in dropped and len(dropped) == 2 and set(second) < set(first)
+        ds = xr.load_dataset(write_dataset(store))
+    finally:
+        store.close()
+    rows = {str(t): i for i, t in enumerate(ds["trial_id"].values)}
+    assert set(rows) == set(first), "every trial ever planned has a row"
+    in_current = {t: bool(ds["in_current_spec"].values[i]) for t, i in rows.items()}
+    assert {t for t, cur in in_current.items() if not cur} == dropped
+    old = rows[first[0]]
+    assert ds["status"].values[old] == "ok" and float(ds["output_throughput"].values[old]) == 123.0
+    assert str(ds["spec_hash"].values[old]) == v1.spec_hash() and ds.attrs["spec_hash"] == v2.spec_hash()
+
+
+@pytest.mark.parametrize("randomize", [False, True])
+def test_the_design_is_recorded_truthfully(tmp_path: Path, randomize: bool) -> None:
+    """``randomized`` in results.nc (and in the plan and the store) is 1 exactly when the run order
+    was shuffled: an unrandomised plan runs the configs and load points as written."""
+    spec, text = _spec(randomize=randomize)
+    plan = plan_grid(spec)
+    written = [(a.model_dump(exclude_none=True), lp.name) for a, _ in spec.engine.expand() for lp in spec.load_points]
+    ran = [(b.config.args.model_dump(exclude_none=True), m.load_point.name) for b in plan.batches for m in b.trials]
+    assert sorted(map(repr, ran)) == sorted(map(repr, written))
+    assert (ran != written) is randomize, "the order is shuffled exactly when the spec asks for it"
+    assert plan.randomized is randomize and plan.design == "grid"
+    store = Store.open(tmp_path / "exp")
+    try:
+        _record(store, spec, text)
+        assert store.spec_meta(spec.spec_hash())["randomized"] == int(randomize)
+        ds = xr.load_dataset(write_dataset(store))
+    finally:
+        store.close()
+    assert ds.attrs["randomized"] == int(randomize) and ds.attrs["design"] == "grid"
+    assert json.loads(ds.attrs["run_order"]) == [m.trial_id for b in plan.batches for m in b.trials]
+
+
+# --------------------------------------------------------------------------- the vllm marker
+
+#: The fixtures that start a real vLLM server (tests/conftest.py).
+_VLLM_FIXTURES = {"vllm_server", "e2e_sweep"}
+
+
+def _marks_vllm(decorators: list[ast.expr]) -> bool:
+    return any("mark.vllm" in ast.unparse(d) for d in decorators)
+
+
+def _is_fixture(fn: ast.FunctionDef) -> bool:
+    return any("fixture" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def test_every_test_that_starts_vllm_is_marked_vllm() -> None:
+    """``-m "not vllm"`` must never start a vLLM server: a test asking (through any chain of
+    fixtures) for ``vllm_server`` or ``e2e_sweep`` carries the ``vllm`` marker, on itself or on its module."""
+    modules = {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted((REPO / "tests").glob("*.py"))}
+    fixtures: dict[str, set[str]] = {}
+    for tree in modules.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and _is_fixture(node):
+                fixtures[node.name] = {a.arg for a in node.args.args}
+    starts = set(_VLLM_FIXTURES)
+    while True:  # fixtures that depend on one that starts vLLM start it too
+        more = {name for name, deps in fixtures.items() if deps & starts} - starts
+        if not more:
+            break
+        starts |= more
+    unmarked, found = [], 0
+    for path, tree in modules.items():
+        module_marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                            and "mark.vllm" in ast.unparse(n.value) for n in tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                if {a.arg for a in node.args.args} & starts:
+                    found += 1
+                    if not (module_marked or _marks_vllm(node.decorator_list)):
+                        unmarked.append(f"{path.name}::{node.name}")
+    assert found >= 10, found  # the scan sees the real-vLLM tests
+    assert not unmarked, f"tests that start vLLM without the vllm marker: {unmarked}"
