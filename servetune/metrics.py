@@ -92,7 +92,7 @@ class TrialMetrics(BaseModel):
     scheduled_rate: float | None = Field(
         None, description="the rate the seeded arrival schedule actually asked for over the requests sent: "
         "(n - 1) / (last - first scheduled arrival); a Poisson schedule of 20 requests at a nominal 60/s asks for "
-        "anything from about 40 to 95/s. None in a closed loop, with a concurrency cap, or under 2 sends")
+        "40 to 98/s in 95% of seeds. None in a closed loop, with a concurrency cap, or under 2 sends")
     achieved_rate: float | None
     sched_lag_p99_ms: float | None
     loop_lag_p50_ms: float | None = Field(None, description="the client's event-loop lag (daemon.looplag); None: not measured")
