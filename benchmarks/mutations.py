@@ -270,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(tmp) / "repo"
         copy_tree(root)
         if not args.no_baseline:
-            tests = sorted({t for m in chosen for t in m.tests if (root / t.split("::")[0]).exists()})
+            named = {t for m in chosen for t in m.tests if (root / t.split("::")[0]).exists()}
+            tests = sorted(t for t in named if "::" not in t or t.split("::")[0] not in named)  # no test twice
             code, tail = run_tests(root, tests, args.timeout * 2)
             print(f"baseline (unmutated): pytest exit {code}: {tail}", flush=True)
             if code != 0:
