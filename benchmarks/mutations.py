@@ -114,7 +114,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "coordinator/sweep.py",
         'if att is None or (att.status == "failed" and (att.failure_kind == "transport" or retry_failed)):',
         'if att is None or (att.status == "failed" and att.failure_kind == "transport"):',
-        ("tests/test_rate_sweep.py", "tests/test_store.py"),
+        ("tests/test_guards.py::test_retry_failed_reruns_failed_rate_sweep_followups", "tests/test_rate_sweep.py"),
     ),
     Mutation(
         "spec-ignores-unknown-keys", "unknown keys are refused in every spec section, not only engine.grid",

@@ -8,6 +8,7 @@ breaks each one on purpose and expects a test here, or elsewhere, to fail):
 - trials planned by an earlier version of the spec stay in ``results.nc`` with
   ``in_current_spec`` False;
 - the design is recorded truthfully: ``randomized`` is 1 only for a plan whose order was shuffled;
+- ``--retry-failed`` re-runs failed rate-sweep follow-ups as it re-runs planned trials;
 - every test that starts a real vLLM server (through the ``vllm_server`` or ``e2e_sweep``
   fixtures) carries the ``vllm`` marker, so ``-m "not vllm"`` never starts one.
 
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 
 from coordinator.dataset import write_dataset
 from coordinator.store import Store
+from coordinator.sweep import expand_rate_sweeps
 from servetune.errors import ProtocolError
 from servetune.manifest import TrialManifest, plan_grid
 from servetune.messages import MAX_MESSAGE_BYTES, Result, encode
@@ -336,3 +338,43 @@ def test_every_test_that_starts_vllm_is_marked_vllm() -> None:
                         unmarked.append(f"{path.name}::{node.name}")
     assert found >= 10, found  # the scan sees the real-vLLM tests
     assert not unmarked, f"tests that start vLLM without the vllm marker: {unmarked}"
+
+
+# --------------------------------------------------------------------------- --retry-failed in rate sweeps
+
+RATE_SWEEP_SPEC = """
+name: rs
+engine: {fixed: {max_model_len: 256}, grid: {max_num_seqs: [2, 4]}}
+load_points:
+  - {name: sweep, rate_sweep: {num_rates: 2}, num_requests: 8, input_len: 16, output_len: 8}
+"""
+
+
+def _finish(store: Store, trial_id: str, status: str, kind: str | None, metrics: dict[str, float]) -> None:
+    attempt = store.begin_attempt(trial_id, daemon_id="d", batch_id="b", spec_hash="h")
+    store.finish_attempt(trial_id, attempt, status=status, failure_kind=kind, error=None if status == "ok" else "x",
+                         submission_id="s", record={"t": trial_id, "a": attempt}, metrics=metrics,
+                         hardware_class=None)
+
+
+def test_retry_failed_reruns_failed_rate_sweep_followups(tmp_path: Path) -> None:
+    """Follow-up rates of a rate sweep obey the same rule as planned trials: a measurement failure
+    is re-run only with --retry-failed, a transport failure always."""
+    spec = parse_spec(RATE_SWEEP_SPEC)
+    plan = plan_grid(spec)
+    h = spec.spec_hash()
+    store = Store.open(tmp_path / "rs")
+    try:
+        store.record_plan(h, spec.model_dump(mode="json"), None, plan)
+        for m in plan.batches[0].trials:  # the seeds of the first config: @sync and @max
+            _finish(store, m.trial_id, "ok", None, {"request_throughput": 2.0 if "sync" in m.load_point.name else 8.0})
+        followups = expand_rate_sweeps(store, spec, plan, h)[0].trials
+        assert len(followups) == 2
+        _finish(store, followups[0].trial_id, "failed", "measurement", {})
+        _finish(store, followups[1].trial_id, "failed", "transport", {})
+        plain = expand_rate_sweeps(store, spec, plan, h, retry_failed=False)
+        retried = expand_rate_sweeps(store, spec, plan, h, retry_failed=True)
+    finally:
+        store.close()
+    assert [m.trial_id for w in plain for m in w.trials] == [followups[1].trial_id]
+    assert [m.trial_id for w in retried for m in w.trials] == [m.trial_id for m in followups]
