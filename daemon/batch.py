@@ -372,6 +372,7 @@ class BatchRunner:
             samples=samples,
             window_s=result.window_s,
             offered_rate=result.offered_rate,
+            client_loop_lag=result.loop_lag,
             stopped_early=result.stopped_early,
             server=server.info(),
             server_counters=deltas,

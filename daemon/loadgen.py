@@ -32,7 +32,8 @@ Times are ``time.monotonic_ns()`` on this process. ``scheduled_ns`` is when the 
 meant to send the request: its arrival time, or the moment its concurrency slot freed (the end of
 the request that held it) if that is later; ``send_ns - scheduled_ns`` is therefore the client's
 own lag, never the wait for a slot. ``token_ns`` holds the arrival of every streamed chunk that
-carries a choice (its text may be empty for a partial UTF-8 character), ``end_ns`` the arrival of
+carries a token (:func:`daemon.stream.choice_carries_token`: its text may be empty for a partial
+UTF-8 character, but an empty chunk that finishes the stream is no token), ``end_ns`` the arrival of
 ``data: [DONE]``.
 
 Requests are deterministic under ``lp.seed`` (request *i* gets the *i*-th planned request; see
@@ -63,10 +64,11 @@ from typing import Any
 import aiohttp
 
 from daemon.datasets import HFTokenizer, WorkloadError, load_prompts, load_tokenizer
+from daemon.looplag import LoopProbe
 from daemon.stopping import StopMonitor, cancel_error
 from daemon.stream import RequestRecord, stream_completion
 from daemon.workload import MIN_TOKEN_ID, DatasetPrompt, PlannedRequest, arrival_gaps, iter_requests, needs_tokenizer
-from servetune.result import RequestSample
+from servetune.result import LoopLag, RequestSample
 from servetune.spec import FileDataset, LoadPoint
 
 log = logging.getLogger(__name__)
@@ -225,6 +227,7 @@ class _Run:
         self.held_since_ns: int | None = None
         self.monitor = None if warmup else StopMonitor.for_load_point(
             lp, self.start_ns, self.inflight, self._held_back, lambda r: self.abort.trigger(r, cancel_error(r)))
+        self.probe = None if warmup else LoopProbe()  # the client's own event-loop lag while it measures
 
     async def execute(self) -> None:
         loop = asyncio.get_running_loop()
@@ -235,6 +238,7 @@ class _Run:
                 self.abort.trigger(REASON_STOPPED)
             watcher = asyncio.ensure_future(_watch_stop(self.stop, self.abort))
         monitor = asyncio.ensure_future(self.monitor.run()) if self.monitor is not None else None
+        probe = asyncio.ensure_future(self.probe.run()) if self.probe is not None else None
         if self.deadline_ns is not None:
             remaining = (self.deadline_ns - time.monotonic_ns()) / 1e9
             if remaining <= 0:
@@ -272,6 +276,8 @@ class _Run:
                 watcher.cancel()
             if monitor is not None:
                 monitor.cancel()
+            if probe is not None:
+                probe.cancel()
             await self._cancel("cancelled: load generator interrupted")  # a no-op unless interrupted
 
     def _may_send(self) -> bool:
@@ -394,6 +400,8 @@ class LoadResult:
     ``stopped_early`` is ``"trial deadline reached"``, ``"stopped by daemon"``, a stop condition's
     reason (``"over-saturation: ..."``, ``"error budget: ..."``) or None.
     ``offered_rate`` is the load point's ``request_rate`` (None for a closed loop).
+    ``loop_lag`` is the client's own event-loop lag over the measurement (:mod:`daemon.looplag`;
+    None when it ended before the first probe reading).
     """
 
     samples: list[RequestSample]
@@ -402,6 +410,7 @@ class LoadResult:
     window_end_ns: int
     stopped_early: str | None = None
     offered_rate: float | None = None
+    loop_lag: LoopLag | None = None
 
 
 class LoadGenerator:
@@ -567,6 +576,7 @@ class LoadGenerator:
             window_end_ns=end,
             stopped_early=run.abort.reason,
             offered_rate=lp.request_rate,
+            loop_lag=run.probe.summary() if run.probe is not None else None,
         )
         n_err = sum(1 for s in samples if s.error is not None)
         log.info(

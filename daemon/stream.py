@@ -1,12 +1,19 @@
 """Reading one streamed completion: Server-Sent-Events lines into a per-request record.
 
-:class:`RequestRecord` accounts each ``data:`` payload as it arrives (a chunk with a choice is a
-token arrival even when its text is empty; ``usage`` gives the token counts; an ``error`` object
-marks the request failed) and becomes a :class:`~servetune.result.RequestSample` at the end.
+:class:`RequestRecord` accounts each ``data:`` payload as it arrives (a chunk that carries a
+token is a token arrival; ``usage`` gives the token counts; an ``error`` object marks the request
+failed) and becomes a :class:`~servetune.result.RequestSample` at the end.
 Both endpoints stream this way: completions chunks carry ``choices[0].text``, chat chunks
 ``choices[0].delta``. A chat stream opens with a chunk announcing the role
 (``"delta": {"role": "assistant", "content": ""}``, vLLM 0.32 and OpenAI alike), which is not a
 token; vLLM sends it just before the first token's chunk.
+
+Which chunks carry a token (:func:`choice_carries_token`): text (or delta content) that is not
+empty; or empty text while the stream goes on (``finish_reason`` null: vLLM's chunk for a token
+that ends inside a UTF-8 character, whose text a later chunk completes). A chunk with empty text
+or an empty ``delta`` that *finishes* the choice (``finish_reason`` set) is the end marker
+OpenAI-style servers send after the last token, not a token: counting it would add one short
+inter-token gap per request and bias mean ITL low.
 """
 
 from __future__ import annotations
@@ -54,23 +61,39 @@ def exc_text(exc: BaseException) -> str:
     return short_text(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
 
-#: A vLLM token chunk (compact JSON) can be counted without parsing it; anything else is parsed.
+#: A vLLM token chunk (compact JSON) can be counted without parsing it; anything else is parsed:
+#: usage, errors, the role chunk, and a chunk that finishes its choice (it may be an empty end marker).
 _TOKEN_MARK = b'"choices":[{'
-_PARSE_MARKS = (b'"usage":{', b'"error"', b'"role"')
+_PARSE_MARKS = (b'"usage":{', b'"error"', b'"role"', b'"finish_reason":"')
+
+#: Chat delta fields that hold generated output.
+_DELTA_OUTPUT = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def choice_carries_token(choice: object) -> bool:
+    """Whether one streamed choice reports a generated token (see the module docstring): non-empty
+    text or delta output, or empty text (content) in a choice that has not finished. A role-only
+    chat delta, an empty ``delta`` and an empty finishing chunk are not tokens."""
+    if not isinstance(choice, dict):
+        return False
+    if "delta" in choice:
+        delta = choice["delta"]
+        if not isinstance(delta, dict):
+            return False
+        if any(delta.get(k) for k in _DELTA_OUTPUT):
+            return True
+        if "role" in delta:
+            return False
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    if not isinstance(text, str):
+        return False
+    return bool(text) or choice.get("finish_reason") is None
 
 
 def _carries_token(choices: object) -> bool:
-    """Whether a chunk's ``choices`` report generated output: any choice of a completion; a chat
-    ``delta`` unless it only announces the role."""
-    if not isinstance(choices, list):
-        return False
-    for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if not isinstance(delta, dict) or "role" not in delta:
-            return True
-        if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")):
-            return True
-    return False
+    return isinstance(choices, list) and any(choice_carries_token(c) for c in choices)
 
 
 @dataclass(eq=False)
@@ -92,9 +115,9 @@ class RequestRecord:
     def on_payload(self, payload: bytes, now_ns: int) -> None:
         """Account one ``data:`` payload that arrived at ``now_ns``.
 
-        A chunk with a non-empty ``choices`` list counts as a token arrival (its text may be empty),
-        except a chat chunk whose delta only announces the role; ``usage`` gives the token counts;
-        an ``error`` object marks the request failed.
+        A chunk counts as a token arrival when one of its choices carries a token
+        (:func:`choice_carries_token`); ``usage`` gives the token counts; an ``error`` object marks
+        the request failed.
         """
         if self.done:
             return

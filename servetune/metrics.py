@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.result import RequestSample
+from servetune.result import LoopLag, RequestSample
 from servetune.spec import SLO
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
@@ -98,9 +98,16 @@ class TrialMetrics(BaseModel):
     mean_tpot_ms: float
     mean_itl_ms: float
     mean_e2el_ms: float
-    offered_rate: float | None
+    offered_rate: float | None = Field(description="the load point's nominal request_rate (None: closed loop)")
+    scheduled_rate: float | None = Field(
+        None, description="the rate the seeded arrival schedule actually asked for over the requests sent: "
+        "(n - 1) / (last - first scheduled arrival); a Poisson schedule of 20 requests at a nominal 60/s asks for "
+        "40 to 98/s in 95% of seeds. None in a closed loop, with a concurrency cap, or under 2 sends")
     achieved_rate: float | None
     sched_lag_p99_ms: float | None
+    loop_lag_p50_ms: float | None = Field(None, description="the client's event-loop lag (daemon.looplag); None: not measured")
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
     client_fell_behind: bool
 
 
@@ -140,14 +147,19 @@ def summarize(
     lag_tolerance_ms: float = 10.0,
     concurrency_capped: bool = False,
     closed_loop_lag_fraction: float = 0.01,
+    loop_lag: LoopLag | None = None,
 ) -> TrialMetrics:
     """Aggregate raw samples of one trial into :class:`TrialMetrics`.
 
     The client self-check flags ``client_fell_behind`` when its p99 scheduling lag (send minus the
     time the arrival process, or a freed concurrency slot, allowed the send) exceeds its tolerance,
-    or when the achieved arrival rate is under 95% of the offered one. With ``concurrency_capped``
-    (a rate plus a concurrency cap) a low achieved rate means the server is saturated, not that the
-    client fell behind, so only the lag counts.
+    or when the achieved send rate is under 95% of ``scheduled_rate``, the rate the seeded schedule
+    itself asked for over the same requests (its sends' scheduled times). It is never judged
+    against the nominal ``offered_rate``: a Poisson schedule is not normalised, and a perfect
+    client sending 20 requests at a nominal rate falls under 95% of it in about 39% of seeds.
+    With ``concurrency_capped`` (a rate plus a concurrency cap) a send also waits for a free slot,
+    so the scheduled times are not the schedule's arrivals, a low achieved rate means the server is
+    saturated, and only the lag counts (``scheduled_rate`` is None).
 
     The tolerance is ``lag_tolerance_ms`` for an arrival process (``offered_rate`` set: the lag
     moves arrivals). In a closed loop (no ``offered_rate``) a slot that waits L ms before its next
@@ -155,6 +167,11 @@ def summarize(
     ``lag_tolerance_ms`` and ``closed_loop_lag_fraction`` (1%) of the median end-to-end latency:
     32 streams whose tokens land in one engine step delay the next send by a few milliseconds,
     which is no distortion for requests that take seconds.
+
+    ``loop_lag`` (the client's event-loop lag over the window, :mod:`daemon.looplag`) sees the
+    receive side too: a p99 over ``lag_tolerance_ms`` means at least 1% of the time the client
+    stamped sends and chunk arrivals that much late, so it flags ``client_fell_behind`` as well,
+    closed loop or not (a TTFT error is absolute, however long the requests take).
     """
     if window_s <= 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
@@ -185,7 +202,8 @@ def summarize(
         for slo in slos
     ]
     sends = sorted(s.send_ns for s in sent)
-    achieved = (len(sends) - 1) / ((sends[-1] - sends[0]) / 1e9) if len(sends) > 1 and sends[-1] > sends[0] else None
+    achieved = _rate(sends)
+    scheduled = _rate(sorted(s.scheduled_ns for s in sent)) if offered_rate is not None and not concurrency_capped else None
     lags = [(s.send_ns - s.scheduled_ns) / 1e6 for s in sent]
     lag_p99 = _finite(quantile(lags, 0.99)) if lags else None
     tolerance = lag_tolerance_ms
@@ -193,13 +211,8 @@ def summarize(
         tolerance = max(lag_tolerance_ms, closed_loop_lag_fraction * quantile(series["e2el_ms"], 0.5))
     fell_behind = bool(
         (lag_p99 is not None and lag_p99 > tolerance)
-        or (
-            not concurrency_capped
-            and offered_rate is not None
-            and achieved is not None
-            and achieved < 0.95 * offered_rate
-            and len(sends) >= 20
-        )
+        or (scheduled is not None and achieved is not None and achieved < 0.95 * scheduled and len(sends) >= 20)
+        or (loop_lag is not None and loop_lag.p99_ms > lag_tolerance_ms)
     )
     return TrialMetrics(
         quantiles=list(quantiles),
@@ -226,10 +239,21 @@ def summarize(
         mean_itl_ms=_mean(series["itl_ms"]),
         mean_e2el_ms=_mean(series["e2el_ms"]),
         offered_rate=offered_rate,
+        scheduled_rate=scheduled,
         achieved_rate=achieved,
         sched_lag_p99_ms=lag_p99,
+        loop_lag_p50_ms=loop_lag.p50_ms if loop_lag is not None else None,
+        loop_lag_p99_ms=loop_lag.p99_ms if loop_lag is not None else None,
+        loop_lag_max_ms=loop_lag.max_ms if loop_lag is not None else None,
         client_fell_behind=fell_behind,
     )
+
+
+def _rate(times_ns: Sequence[int]) -> float | None:
+    """Events per second over sorted monotonic times: (n - 1) / (last - first); None under 2 or a zero span."""
+    if len(times_ns) < 2 or times_ns[-1] <= times_ns[0]:
+        return None
+    return (len(times_ns) - 1) / ((times_ns[-1] - times_ns[0]) / 1e9)
 
 
 def _finite(x: float) -> float | None:

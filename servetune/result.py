@@ -105,6 +105,22 @@ class ServerInfo(_Model):
     cpus: list[Count] = Field(default_factory=list, max_length=MAX_ARGV, description="cores the server was pinned to")
 
 
+class LoopLag(_Model):
+    """The load generator's own event-loop lag over one measurement window (milliseconds).
+
+    A probe task on the client's event loop sleeps ``interval_ms`` again and again and records how
+    much later than asked it woke: a loop busy with callbacks, a blocking call, or a host that does
+    not schedule the client. Every time the client stamps (sends and chunk arrivals alike) can be
+    that late, so a receive-side stall that the send lag cannot see shows up here.
+    """
+
+    interval_ms: Finite
+    n: Count = Field(description="probe wake-ups measured")
+    p50_ms: Finite
+    p99_ms: Finite
+    max_ms: Finite
+
+
 class TrialOutcome(_Model):
     """The payload of a RESULT: everything one attempt measured, ok or failed."""
 
@@ -116,6 +132,7 @@ class TrialOutcome(_Model):
     samples: list[RequestSample] = Field(default_factory=list, max_length=MAX_SAMPLES)
     window_s: Finite | None = Field(None, description="length of the measurement window (warm-up excluded)")
     offered_rate: Finite | None = None
+    client_loop_lag: LoopLag | None = Field(None, description="the load generator's event-loop lag while it measured")
     stopped_early: Text | None = None
     server: ServerInfo | None = None
     server_counters: dict[Label, Finite] = Field(

@@ -26,7 +26,9 @@ Variables on ``trial``
     ``n_requests``, ``n_completed``, ``n_errors``, ``n_cancelled`` (requests the load generator
     cancelled itself: end of window, early stop; not in ``n_requests``), ``duration_s``, ``total_input_tokens``,
     ``total_output_tokens``, ``slo_attainment``, ``slos_met`` (1/0/NaN), ``achieved_rate``,
-    ``offered_rate``, ``sched_lag_p99_ms``, ``server_requests_delta``,
+    ``offered_rate`` (nominal), ``scheduled_rate`` (what the seeded arrival schedule asked for; see
+    ``servetune.metrics.TrialMetrics``), ``sched_lag_p99_ms``, ``loop_lag_p99_ms`` and
+    ``loop_lag_max_ms`` (the client's event-loop lag, ``daemon.looplag``; NaN when not measured), ``server_requests_delta``,
     ``server_generation_tokens_delta``, ``kv_cache_tokens``, ``server_startup_s``, the summary of the
     server-metric series (``server_max_running``, ``server_max_waiting``,
     ``server_max_kv_cache_usage`` (0-1), ``server_preemptions_delta``,
@@ -71,7 +73,10 @@ SCALAR_VARIABLES: tuple[str, ...] = (
     "slos_met",
     "achieved_rate",
     "offered_rate",
+    "scheduled_rate",
     "sched_lag_p99_ms",
+    "loop_lag_p99_ms",
+    "loop_lag_max_ms",
     "server_requests_delta",
     "server_generation_tokens_delta",
     "kv_cache_tokens",

@@ -119,10 +119,13 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
             itl = int(cfg.get("itl", 0) * 1e6)
             for k in range(max_tokens):
                 await sleep_until(t)
-                text = "" if cfg.get("emptytext") and k % 2 else "x"
+                # emptytext=1: every other token's text is empty (a partial UTF-8 character), never the last
+                text = "" if cfg.get("emptytext") and k % 2 and k < max_tokens - 1 else "x"
+                # finalempty=1: OpenAI's shape, the last token unfinished and then an empty finishing chunk
+                finishes = k == max_tokens - 1 and not cfg.get("finalempty")
                 chunk = {"id": f"cmpl-{n}", "object": "text_completion", "created": 0, "model": body["model"],
                          "choices": [{"index": 0, "text": text, "logprobs": None,
-                                      "finish_reason": "length" if k == max_tokens - 1 else None,
+                                      "finish_reason": "length" if finishes else None,
                                       "stop_reason": None}]}
                 if chat:
                     chunk["object"] = "chat.completion.chunk"
@@ -148,6 +151,12 @@ def _serve_main() -> None:  # pragma: no cover - runs in the server subprocess
                     await resp.write(b"data: [DONE]\n\n")
                     await resp.write_eof()
                     return resp
+            if cfg.get("finalempty"):  # right after the last token, as OpenAI-style servers do
+                await sleep_until(t - itl + int(0.2e6))
+                final: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+                final.update({"delta": {}} if chat else {"text": ""})
+                await resp.write(event({"id": f"cmpl-{n}", "object": "text_completion", "created": 0,
+                                        "model": body["model"], "choices": [final]}))
             await resp.write(event({"id": f"cmpl-{n}", "object": "text_completion", "created": 0,
                                     "model": body["model"], "choices": [],
                                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
@@ -360,6 +369,93 @@ def test_token_chunk_fast_path_matches_parsing() -> None:
         rec.on_payload(chunk, i)
     assert rec.token_ns == [0, 1, 2, 3] and rec.error is None
     assert (rec.prompt_tokens, rec.output_tokens) == (4, 4)
+
+
+def test_empty_finishing_chunk_is_not_a_token() -> None:
+    """OpenAI-style streams end with an empty chunk that carries finish_reason (``"text": ""`` or an
+    empty ``delta``): no token, so it adds no inter-token gap. An empty chunk mid-stream (vLLM's
+    partial UTF-8 character) still is one."""
+    completions = [b'{"choices":[{"index":0,"text":"a","finish_reason":null}]}',
+                   b'{"choices":[{"index":0,"text":"","finish_reason":null}]}',
+                   b'{"choices":[{"index":0,"text":"b","finish_reason":null}]}',
+                   b'{"choices":[{"index":0,"text":"","finish_reason":"length"}]}']
+    chat = [b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+            b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+            b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}',
+            b'{"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":null}]}',
+            b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+            b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}']
+    for chunks, first in ((completions, 0), (chat, 1)):
+        rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
+        for i, chunk in enumerate(chunks):
+            rec.on_payload(chunk, i)
+        assert rec.token_ns == [first, first + 1, first + 2], chunks
+    rec = RequestRecord(index=0, warmup=False, scheduled_ns=0)
+    rec.on_payload(b'{"choices":[{"index":0,"text":"z","finish_reason":"length"}]}', 7)  # vLLM: the last token
+    assert rec.token_ns == [7]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_openai_style_final_empty_chunk_leaves_itl_unbiased(canned: Canned, chat: bool,
+                                                            tiny_tokenizer: str) -> None:
+    """Against a stream of 8 tokens 2 ms apart that ends with an empty finishing chunk 0.2 ms after
+    the last token, every request has 8 token arrivals, so its mean ITL is the span of its 8 tokens
+    over 7 gaps (counting the empty chunk would add a ninth arrival and a 0.2 ms gap to every
+    request: mean ITL about 12% low)."""
+    lp = lp_(max_concurrency=2, num_requests=10, output_len=8, input_len=4,
+             **({"endpoint": "chat"} if chat else {}))
+    res = measure(canned.url("ttft=2,itl=2,finalempty=1"), lp, tokenizer_path=tiny_tokenizer)
+    assert len(res.samples) == 10
+    assert all(s.error is None and len(s.token_ns) == 8 for s in res.samples), [len(s.token_ns) for s in res.samples]
+
+
+def test_a_blocked_event_loop_is_measured_and_flagged(canned: Canned) -> None:
+    """A closed loop whose event loop is blocked 25 ms in every 100 (time.sleep in a callback, the
+    way a busy host or a slow callback stalls the client): the stall delays chunk arrivals and the
+    ends that schedule the next sends alike, so the send lag cannot tell; the loop probe reads the
+    stalls (p99 and max over 20 ms) and the self-check flags the client."""
+    lp = lp_(max_concurrency=4, num_requests=160, output_len=8, input_len=4)
+
+    async def main() -> LoadResult:
+        loop = asyncio.get_running_loop()
+        stalls: list[asyncio.TimerHandle] = []
+
+        def stall() -> None:
+            time.sleep(0.025)
+            stalls.append(loop.call_later(0.075, stall))
+
+        async with LoadGenerator(canned.url("ttft=3,itl=1"), "canned", VOCAB) as gen:
+            stalls.append(loop.call_later(0.05, stall))
+            try:
+                return await gen.measure(lp, 60.0)
+            finally:
+                for handle in stalls:
+                    handle.cancel()
+
+    res = asyncio.run(main())
+    assert len(res.samples) == 160 and all(s.error is None for s in res.samples)
+    lag = res.loop_lag
+    assert lag is not None and lag.n >= 10 and lag.interval_ms == 10.0
+    assert lag.p99_ms > 20.0 and lag.max_ms >= lag.p99_ms, lag
+    m = summarize(res.samples, res.window_s, loop_lag=lag)
+    assert m.loop_lag_p99_ms == lag.p99_ms and m.loop_lag_max_ms == lag.max_ms
+    assert m.client_fell_behind
+    # whether a stall also hit a send here is chance; with the send side spotless the probe alone flags it
+    on_time = [s.model_copy(update={"scheduled_ns": s.send_ns}) for s in res.samples]
+    assert not summarize(on_time, res.window_s).client_fell_behind
+    assert summarize(on_time, res.window_s, loop_lag=lag).client_fell_behind
+
+
+def test_loop_probe_keeps_a_bounded_reservoir_and_the_exact_max() -> None:
+    from daemon.looplag import LoopProbe
+
+    probe = LoopProbe(keep=100)
+    assert probe.summary() is None
+    for i in range(10_000):
+        probe.add(float(i % 1000) if i != 5 else 5000.0)
+    lag = probe.summary()
+    assert lag is not None and lag.n == 10_000 and lag.max_ms == 5000.0
+    assert len(probe._kept) == 100 and 300 < lag.p50_ms < 700  # a uniform sample of 0..999
 
 
 def test_stream_error_event_recorded() -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from servetune.metrics import quantile, server_summary, summarize
-from servetune.result import RequestSample
+from servetune.result import LoopLag, RequestSample
 from servetune.spec import SLO
 
 MS = 1_000_000
@@ -61,14 +61,37 @@ def test_summary_by_hand() -> None:
 def test_achieved_rate_and_client_fell_behind() -> None:
     samples = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2, 1, [i * 100.0 + 1]) for i in range(30)]
     m = summarize(samples, window_s=3.0, offered_rate=10.0)
-    assert m.achieved_rate == pytest.approx(10.0)
+    assert m.achieved_rate == pytest.approx(10.0) and m.scheduled_rate == pytest.approx(10.0)
     assert not m.client_fell_behind
-    slow = summarize(samples, window_s=3.0, offered_rate=20.0)
+    # a schedule that asked for 10/s under a nominal 20/s (an unlucky seed): the client kept up with it
+    unlucky = summarize(samples, window_s=3.0, offered_rate=20.0)
+    assert unlucky.offered_rate == 20.0 and unlucky.scheduled_rate == pytest.approx(10.0)
+    assert not unlucky.client_fell_behind
+    # 300 sends 10 ms apart, the last 200 ms late: the p99 lag is 0, the rate 6% under the schedule's
+    late = [req(i, i * 10.0 + (200 if i == 299 else 0), i * 10.0 + 201, i * 10.0 + 202, 1, [],
+                lag_ms=200 if i == 299 else 0) for i in range(300)]
+    slow = summarize(late, window_s=3.2, offered_rate=100.0)
+    assert slow.sched_lag_p99_ms == pytest.approx(0.0) and slow.achieved_rate < 0.95 * slow.scheduled_rate
     assert slow.client_fell_behind
     # with a concurrency cap, a low achieved rate is the server saturating, not the client
-    assert not summarize(samples, window_s=3.0, offered_rate=20.0, concurrency_capped=True).client_fell_behind
+    capped = summarize(late, window_s=3.2, offered_rate=100.0, concurrency_capped=True)
+    assert capped.scheduled_rate is None and not capped.client_fell_behind
     lagging = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2, 1, [], lag_ms=50) for i in range(30)]
     assert summarize(lagging, window_s=3.0).client_fell_behind
+
+
+def test_event_loop_lag_flags_the_client() -> None:
+    """The loop probe's p99 over the lag tolerance flags the client in a closed loop too, where the
+    send lag is 0 (the stall delayed the ends the sends are scheduled from)."""
+    samples = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2000, 1, [i * 100.0 + 1]) for i in range(30)]
+    calm = summarize(samples, window_s=3.0, loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=2.0, max_ms=40))
+    assert (calm.loop_lag_p50_ms, calm.loop_lag_p99_ms, calm.loop_lag_max_ms) == (0.1, 2.0, 40.0)
+    assert not calm.client_fell_behind
+    stalled = summarize(samples, window_s=3.0,
+                        loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=25.0, max_ms=40))
+    assert stalled.sched_lag_p99_ms == 0.0 and stalled.client_fell_behind
+    unmeasured = summarize(samples, window_s=3.0)
+    assert unmeasured.loop_lag_p99_ms is None and not unmeasured.client_fell_behind
 
 
 def test_closed_loop_lag_tolerance_scales_with_request_latency() -> None:

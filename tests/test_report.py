@@ -120,6 +120,7 @@ def _winner(ds: object) -> tuple[str, str]:
     return groups[0].rows[0].label, groups[0].rows[0].config_id
 
 
+@pytest.mark.vllm  # e2e_sweep starts a real vLLM server
 def test_report_of_the_real_sweep_opens_offline(e2e_sweep: SweepRun, browser: Browser, tmp_path: Path) -> None:
     out = _report(coordinator_cmd("report", "e2e", "--results-root", str(e2e_sweep.root)), tmp_path, "e2e.html")
     page = out.read_text(encoding="utf-8")

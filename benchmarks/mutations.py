@@ -1,0 +1,295 @@
+"""Break promises on purpose and check that a test notices: a small mutation check (issue 13).
+
+Each :class:`Mutation` replaces one exact piece of source text with a broken version (drop a field
+from the trial-id hash, stop refusing unknown keys, judge the client against the nominal rate,
+...) and names the tests that guard the promise. For each mutation, one at a time, the script:
+
+1. copies the repository's working tree (tracked and untracked-but-not-ignored files, as they are
+   now) into a temporary folder, once for the whole run; the real tree is never written to, so an
+   interrupted run cannot leave it mutated;
+2. applies the replacement in the copy (the pattern must occur exactly once), runs the named tests
+   there (``python -m pytest -m "not vllm" -x -q``, the copy first on ``PYTHONPATH``), and puts
+   the file back;
+3. reports ``killed`` (a test failed: the promise is guarded), ``SURVIVED`` (every test passed:
+   nothing guards it), or an error: ``pattern not found`` (the code changed; update the entry:
+   never counted as killed), ``tests did not run`` (collection error, no tests selected), or
+   ``timeout``.
+
+A baseline run of every named test on the unmutated copy comes first: when it fails, mutation
+results would mean nothing, and the script stops.
+
+Usage, from the repository root::
+
+    python -m benchmarks.mutations                  # every mutation
+    python -m benchmarks.mutations --list           # ids and what each breaks
+    python -m benchmarks.mutations --only client-vs-nominal-rate --only trial-id-drops-seed
+    python -m benchmarks.mutations --json out.json  # also write the results as JSON
+
+Exit status: 0 every mutation killed; 1 one survived; 3 none survived but some could not be
+checked (pattern not found, tests did not run, timeout, baseline failed); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: Default limit on one pytest run (seconds).
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One broken promise: replace ``pattern`` (exactly once) in ``path`` with ``replacement``;
+    ``tests`` (pytest node ids or files) must then fail."""
+
+    id: str
+    promise: str
+    path: str
+    pattern: str
+    replacement: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # ---------------------------------------------------------------- trial ids, wire, store, design
+    Mutation(
+        "trial-id-drops-dataset-sha256", "a trial's id covers the dataset file's sha256",
+        "servetune/manifest.py",
+        '            data["load_point"]["dataset"].pop("path", None)\n',
+        '            data["load_point"]["dataset"].pop("path", None)\n'
+        '            data["load_point"]["dataset"].pop("sha256", None)\n',
+        ("tests/test_guards.py",),
+    ),
+    Mutation(
+        "trial-id-drops-seed", "a trial's id covers the load point's seed",
+        "servetune/manifest.py",
+        '            data["load_point"]["dataset"].pop("path", None)\n',
+        '            data["load_point"]["dataset"].pop("path", None)\n'
+        '            data["load_point"].pop("seed", None)\n',
+        ("tests/test_guards.py",),
+    ),
+    Mutation(
+        "encode-without-size-bound", "encode() refuses a message over MAX_MESSAGE_BYTES",
+        "servetune/messages.py",
+        "    data = msg.model_dump_json().encode(\"utf-8\")\n    if len(data) > MAX_MESSAGE_BYTES:\n",
+        "    data = msg.model_dump_json().encode(\"utf-8\")\n    if False:\n",
+        ("tests/test_guards.py::test_encode_refuses_a_message_over_the_size_bound", "tests/test_messages.py"),
+    ),
+    Mutation(
+        "drop-in-current-spec", "trials of earlier spec versions stay in results.nc, in_current_spec False",
+        "coordinator/dataset.py",
+        'coords["in_current_spec"].append(trial_id in order)',
+        'coords["in_current_spec"].append(True)',
+        ("tests/test_guards.py::test_trials_of_an_earlier_spec_version_stay_in_results_nc",),
+    ),
+    Mutation(
+        "randomized-always-true", "the design is recorded truthfully (randomized only when shuffled)",
+        "servetune/manifest.py",
+        "        randomized=spec.planner.randomize,\n",
+        "        randomized=True,\n",
+        ("tests/test_guards.py::test_the_design_is_recorded_truthfully",),
+    ),
+    Mutation(
+        "report-test-unmarked", "a test that starts real vLLM carries the vllm marker",
+        "tests/test_report.py",
+        "@pytest.mark.vllm  # e2e_sweep starts a real vLLM server\n",
+        "",
+        ("tests/test_guards.py::test_every_test_that_starts_vllm_is_marked_vllm",),
+    ),
+    # ---------------------------------------------------------------- specs and sweeps (other owners:
+    # these patterns may change as that code changes; a missing pattern is reported, never counted)
+    Mutation(
+        "rate-sweep-ignores-retry-failed", "--retry-failed re-runs failed rate-sweep follow-ups",
+        "coordinator/sweep.py",
+        'if att is None or (att.status == "failed" and (att.failure_kind == "transport" or retry_failed)):',
+        'if att is None or (att.status == "failed" and att.failure_kind == "transport"):',
+        ("tests/test_guards.py::test_retry_failed_reruns_failed_rate_sweep_followups", "tests/test_rate_sweep.py"),
+    ),
+    Mutation(
+        "spec-ignores-unknown-keys", "unknown keys are refused in every spec section, not only engine.grid",
+        "servetune/spec.py",
+        '    """Base of every spec section: unknown keys are refused, values are immutable."""\n\n'
+        '    model_config = ConfigDict(extra="forbid", frozen=True)\n',
+        '    """Base of every spec section: unknown keys are refused, values are immutable."""\n\n'
+        '    model_config = ConfigDict(extra="ignore", frozen=True)\n',
+        ("tests/test_spec.py",),
+    ),
+    # ---------------------------------------------------------------- analysis (other owners, as above)
+    Mutation(
+        "importance-vs-zero", "importance is judged against the random probe, not against 0",
+        "analysis/importance.py",
+        "        diff = percentile_interval(perm[valid, j] - perm[valid, sur.probe_index])\n",
+        "        diff = percentile_interval(perm[valid, j])\n",
+        ("tests/test_analysis_importance.py",),
+    ),
+    Mutation(
+        "collapsed-bootstrap", "bootstrap refits resample (every fit the same resample collapses intervals)",
+        "analysis/surrogate.py",
+        "        rng = np.random.default_rng([self.seed, 1, i])\n",
+        "        rng = np.random.default_rng([self.seed, 1, 0])\n",
+        ("tests/test_analysis_importance.py",),
+    ),
+    # ---------------------------------------------------------------- the client self-check
+    Mutation(
+        "client-vs-nominal-rate", "the client is judged against the rate its schedule asked for, not the nominal",
+        "servetune/metrics.py",
+        "achieved < 0.95 * scheduled and",
+        "achieved < 0.95 * offered_rate and",
+        ("tests/test_workload.py::test_a_perfect_client_is_not_flagged_behind_an_unnormalised_schedule",
+         "tests/test_metrics.py"),
+    ),
+    Mutation(
+        "client-scheduled-rate-from-sends", "scheduled_rate is the schedule's, not the sends' rate",
+        "servetune/metrics.py",
+        "_rate(sorted(s.scheduled_ns for s in sent))",
+        "_rate(sends)",
+        ("tests/test_metrics.py",),
+    ),
+    Mutation(
+        "client-ignores-loop-lag", "a stalled event loop flags the client",
+        "servetune/metrics.py",
+        "        or (loop_lag is not None and loop_lag.p99_ms > lag_tolerance_ms)\n",
+        "",
+        ("tests/test_metrics.py", "tests/test_loadgen.py::test_a_blocked_event_loop_is_measured_and_flagged"),
+    ),
+    Mutation(
+        "client-loop-probe-off", "the load generator measures its event-loop lag",
+        "daemon/loadgen.py",
+        "        self.probe = None if warmup else LoopProbe()",
+        "        self.probe = None",
+        ("tests/test_loadgen.py::test_a_blocked_event_loop_is_measured_and_flagged",),
+    ),
+    Mutation(
+        "stream-counts-empty-final-chunk", "an empty chunk that finishes the stream is not a token",
+        "daemon/stream.py",
+        '    return bool(text) or choice.get("finish_reason") is None\n',
+        "    return True\n",
+        ("tests/test_loadgen.py::test_empty_finishing_chunk_is_not_a_token",
+         "tests/test_loadgen.py::test_openai_style_final_empty_chunk_leaves_itl_unbiased"),
+    ),
+    Mutation(
+        "stream-fast-path-counts-finishing-chunk", "the unparsed fast path never counts a finishing chunk",
+        "daemon/stream.py",
+        """_PARSE_MARKS = (b'"usage":{', b'"error"', b'"role"', b'"finish_reason":"')""",
+        """_PARSE_MARKS = (b'"usage":{', b'"error"', b'"role"')""",
+        ("tests/test_loadgen.py::test_empty_finishing_chunk_is_not_a_token",
+         "tests/test_loadgen.py::test_openai_style_final_empty_chunk_leaves_itl_unbiased"),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    id: str
+    status: str  # killed / SURVIVED / error
+    detail: str
+    seconds: float
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as it is now (tracked + untracked-but-not-ignored files) into ``dest``."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         check=True, capture_output=True, timeout=60).stdout
+    for name in filter(None, out.decode().split("\0")):
+        src = REPO / name
+        if not src.is_file():  # deleted in the working tree, or a submodule
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+def run_tests(root: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
+    """pytest's exit code (None on timeout) and the tail of its output."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "pytest", "-m", "not vllm", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"over {timeout_s:.0f} s"
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    return proc.returncode, " | ".join(lines[-3:])[-400:]
+
+
+def check(root: Path, m: Mutation, timeout_s: float) -> Outcome:
+    t0 = time.monotonic()
+    path = root / m.path
+    try:
+        original = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return Outcome(m.id, "error", f"pattern not found: cannot read {m.path}: {exc}", 0.0)
+    count = original.count(m.pattern)
+    if count != 1:
+        what = "pattern not found" if count == 0 else f"pattern found {count} times (needs exactly 1)"
+        return Outcome(m.id, "error", f"{what} in {m.path}: update this entry", 0.0)
+    path.write_text(original.replace(m.pattern, m.replacement), encoding="utf-8")
+    try:
+        code, tail = run_tests(root, m.tests, timeout_s)
+    finally:
+        path.write_text(original, encoding="utf-8")
+    took = time.monotonic() - t0
+    if code is None:
+        return Outcome(m.id, "error", f"timeout: {tail}", took)
+    if code == 0:
+        return Outcome(m.id, "SURVIVED", f"every test passed: {tail}", took)
+    if code == 1:
+        return Outcome(m.id, "killed", tail, took)
+    return Outcome(m.id, "error", f"tests did not run (pytest exit {code}): {tail}", took)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mutations", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="ID", help="run just this mutation (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="limit on one pytest run, seconds")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the tests")
+    args = parser.parse_args(argv)
+    known = {m.id: m for m in MUTATIONS}
+    unknown = [i for i in args.only if i not in known]
+    if unknown:
+        parser.error(f"unknown mutation id(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.id:42} {m.path:28} {m.promise}")
+        return 0
+    chosen = [known[i] for i in args.only] if args.only else list(MUTATIONS)
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="servetune-mutations-") as tmp:
+        root = Path(tmp) / "repo"
+        copy_tree(root)
+        if not args.no_baseline:
+            named = {t for m in chosen for t in m.tests if (root / t.split("::")[0]).exists()}
+            tests = sorted(t for t in named if "::" not in t or t.split("::")[0] not in named)  # no test twice
+            code, tail = run_tests(root, tests, args.timeout * 2)
+            print(f"baseline (unmutated): pytest exit {code}: {tail}", flush=True)
+            if code != 0:
+                print("the named tests fail without any mutation: fix that first", file=sys.stderr)
+                return 3
+        for m in chosen:
+            outcome = check(root, m, args.timeout)
+            outcomes.append(outcome)
+            print(f"{outcome.status:9} {m.id:42} {outcome.seconds:6.1f} s  {outcome.detail}", flush=True)
+    survived = [o.id for o in outcomes if o.status == "SURVIVED"]
+    errors = [o.id for o in outcomes if o.status == "error"]
+    print(f"\n{len(outcomes) - len(survived) - len(errors)} killed, {len(survived)} survived"
+          f"{' (' + ', '.join(survived) + ')' if survived else ''}, {len(errors)} not checked"
+          f"{' (' + ', '.join(errors) + ')' if errors else ''}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n", encoding="utf-8")
+    return 1 if survived else 3 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
