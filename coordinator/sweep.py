@@ -177,7 +177,7 @@ def refresh_slo_metrics(store: Store, spec: ExperimentSpec) -> int:
             continue
         lp = LoadPoint.model_validate(record["manifest"]["load_point"])
         fresh = summarize(outcome.samples, outcome.window_s, spec.slos, offered_rate=outcome.offered_rate,
-                          concurrency_capped=lp.max_concurrency is not None)
+                          concurrency_capped=lp.max_concurrency is not None, loop_lag=outcome.client_loop_lag)
         extras = {k: v for k, v in att.metrics.items() if k not in TrialMetrics.model_fields}
         store.update_metrics(att.trial_id, att.attempt, {**fresh.model_dump(mode="json"), **extras})
         changed += 1
@@ -795,7 +795,7 @@ class SweepRunner:
         if not outcome.window_s or not outcome.samples:
             raise ValueError("an ok outcome must carry samples and a positive measurement window")
         m = summarize(outcome.samples, outcome.window_s, self.spec.slos, offered_rate=outcome.offered_rate,
-                      concurrency_capped=lp.max_concurrency is not None)
+                      concurrency_capped=lp.max_concurrency is not None, loop_lag=outcome.client_loop_lag)
         return {**m.model_dump(mode="json"), **self._extras(outcome)}
 
 

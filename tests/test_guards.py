@@ -71,7 +71,7 @@ _LOAD_POINTS: dict[str, dict[str, Any]] = {
 #: Leaves deliberately left out of the id (see TrialManifest.trial_id): where the file lies on this node.
 _NOT_HASHED = {("load_point", "dataset", "path")}
 #: Values tried for a leaf that holds None (an unset optional field) until one validates.
-_PALETTE: tuple[Any, ...] = (2, 7, 2048, 0.5, 0.85, True, "x", "auto", "fp8", "mp", [1], {"x": "1"},
+_PALETTE: tuple[Any, ...] = (2, 7, 16, 2048, 0.5, 0.85, True, "x", "auto", "fp8", "mp", [1], {"x": "1"},
                              {"dist": "fixed", "value": 5}, {"num_rates": 2})
 
 
