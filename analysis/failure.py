@@ -52,9 +52,10 @@ Model
     interval for a region and the region's Wilson interval do not overlap, caveat ``model_misfit``
     says the main-effects model misses that region (an interaction, most likely).
 
-Caveat ``clustered``: when trials of one config nearly always all fail or all succeed, the trials
-are not independent and the intervals (which treat them as such) are too narrow; the config is then
-the effective unit of replication.
+Caveat ``clustered``: when trials of one config all fail or all succeed more often than independent
+repeats would, given the regions' failure rates (see :func:`_clustered`), the trials are not
+independent and the intervals (which treat them as such) are too narrow; the config is then the
+effective unit of replication.
 """
 
 from __future__ import annotations
@@ -425,7 +426,6 @@ def _group(ds: xr.Dataset, sub: pd.DataFrame, hw: str, load_point: str | None, p
     if not factors:
         notes.warn("no_regions", "no analysed parameter varies among these trials: only the overall rate is reported",
                    subject)
-    _clustered(data, y, notes, subject)
 
     regions: list[tuple[tuple[str, ...], tuple[str, ...], np.ndarray]] = []
     singles = [(f, _cells([f.labels])) for f in factors]
@@ -451,6 +451,7 @@ def _group(ds: xr.Dataset, sub: pd.DataFrame, hw: str, load_point: str | None, p
             continue
         used_pairs += 1
         regions.extend(((fa.param.name, fb.param.name), key, idx) for key, idx in cells.items())
+    _clustered(data, y, _partitions(factors, data, cuts), notes, subject)
     if pairs and used_pairs < len(pairs):
         notes.subsample(f"parameter pairs shown as regions{' (' + subject + ')' if subject else ''}, "
                         "by failure-rate spread", used_pairs, len(pairs))
@@ -488,26 +489,88 @@ def _statement(names: tuple[str, ...], key: tuple[str, ...], fails: int, n: int,
             f"(an association, not an effect: {claim.why})")
 
 
-def _clustered(data: pd.DataFrame, y: np.ndarray, notes: Notes, subject: str) -> None:
-    """Warn when failures are (nearly) all-or-nothing per config: trials are not independent."""
+_PRIOR_TRIALS = 2.0  # pseudo-trials at the pooled rate that steady a leave-config-out cell rate
+_CLUSTER_Z = NormalDist().inv_cdf(0.99)  # one-sided test of "fewer mixed configs than independence predicts"
+_PLAUSIBLE_LOGLIK = 3.0  # partitions within this much held-out log-likelihood of the best are plausible
+
+def _partitions(factors: list[_Factor], data: pd.DataFrame,
+                cuts: dict[str, Sequence[float]]) -> list[tuple[str, np.ndarray]]:
+    """Candidate partitions of the trials for :func:`_clustered`, as cell codes per trial: every
+    parameter's regions and its raw levels, and every pair of those (binned with binned, raw with raw)."""
+    binned = [(f.param.name, pd.factorize(f.labels.astype(str))[0]) for f in factors]
+    raw = []
+    for f, (name, codes_binned) in zip(factors, binned):
+        lab = _factor(f.param, data[f.param.column].to_numpy(), 10**9, cuts.get(f.param.name)).labels
+        codes = pd.factorize(lab.astype(str))[0]
+        raw.append((f"{name} (levels)" if codes.max() > codes_binned.max() else name, codes))
+    out: list[tuple[str, np.ndarray]] = []
+    for family in (binned, raw):
+        if family is raw and all(a[0] == b[0] for a, b in zip(binned, raw)):
+            break  # no parameter was binned: the raw levels are the regions
+        out += [part for k, part in enumerate(family) if family is binned or part[0] != binned[k][0]]
+        for i in range(len(family)):
+            for j in range(i + 1, len(family)):
+                (na, a), (nb, b) = family[i], family[j]
+                if family is raw and na == binned[i][0] and nb == binned[j][0]:
+                    continue  # neither was binned: already a pair of regions
+                out.append((f"{na} x {nb}", pd.factorize(a * (int(b.max()) + 1) + b)[0]))
+    return out
+
+
+def _clustered(data: pd.DataFrame, y: np.ndarray, partitions: list[tuple[str, np.ndarray]], notes: Notes,
+               subject: str) -> None:
+    """Warn when failures are all-or-nothing per config beyond what the regions explain.
+
+    Under independence given each config's failure probability ``p_c``, a config with ``m`` repeats
+    has mixed outcomes with probability ``q_c = 1 - p_c^m - (1 - p_c)^m``; the number of mixed
+    configs then has mean ``sum q_c`` and variance ``sum q_c (1 - q_c)``. ``p_c`` is the
+    leave-this-config-out failure rate of its cell (steadied by :data:`_PRIOR_TRIALS` pseudo-trials
+    at the leave-out pooled rate), in the partition of the trials (pooled, one parameter's regions or
+    a pair's, binned or at raw levels) that predicts held-out configs well (leave-one-config-out
+    log-likelihood within :data:`_PLAUSIBLE_LOGLIK` of the best; of those, the one least at odds
+    with independence): rates that differ by region are not mistaken for dependence. Using a config's own trials to set its ``p_c``
+    would explain any clustering away; leaving them out keeps the test honest, and noise in ``p_c``
+    only lowers the expected count (``q`` is concave), so it errs toward silence. The caveat fires
+    when the observed count is below the mean by more than :data:`_CLUSTER_Z` standard deviations.
+    """
     if "config_id" not in data or not len(data):
         return
-    p = float(y.mean())
-    if p in (0.0, 1.0):
+    total, n_all = float(y.sum()), len(y)
+    if total in (0.0, float(n_all)):
         return
-    per_config = pd.DataFrame({"cid": data["config_id"].astype(str).to_numpy(), "y": y}).groupby("cid")["y"]
-    stats = pd.DataFrame({"m": per_config.size(), "f": per_config.sum()})
-    stats = stats[stats["m"] >= 2]
-    multi = len(stats)
-    m = stats["m"].to_numpy(dtype=float)
-    f = stats["f"].to_numpy(dtype=float)
-    expected = float(np.sum(1 - p ** m - (1 - p) ** m))
-    observed = float(np.sum((f > 0) & (f < m)))
-    if multi >= 5 and expected >= 2 and observed < 0.5 * expected:
-        notes.warn("clustered", f"failures are nearly all-or-nothing per config ({observed:.0f} configs with mixed "
-                                f"outcomes where independence predicts {expected:.1f}): repeats of a config are not "
-                                "independent, so the intervals, which treat trials as such, are too narrow; count "
-                                "configs, not trials, as the unit", subject)
+    codes, _ = pd.factorize(data["config_id"].astype(str).to_numpy())
+    m = np.bincount(codes).astype(float)
+    f = np.bincount(codes, weights=y).astype(float)
+    first = np.full(len(m), -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(n_all)[::-1]
+    multi = m >= 2
+    if multi.sum() < 5 or (n_all - m).min() <= 0:
+        return
+    pooled = (total - f) / (n_all - m)
+    observed = float(np.sum((f[multi] > 0) & (f[multi] < m[multi])))
+    fits: list[tuple[float, float, float, float, str]] = []  # loglik, z, expected, sd, name
+    for name, cell in [("pooled", np.zeros(n_all, dtype=np.int64)), *partitions]:
+        cc = cell[first]  # a config's trials share its parameters, so its cell
+        n_k = np.bincount(cell).astype(float)
+        f_k = np.bincount(cell, weights=y).astype(float)
+        p = (f_k[cc] - f + _PRIOR_TRIALS * pooled) / (n_k[cc] - m + _PRIOR_TRIALS)
+        p = np.clip(p, 1e-9, 1 - 1e-9)
+        loglik = float(np.sum(f * np.log(p) + (m - f) * np.log1p(-p)))
+        mm, pp = m[multi], p[multi]
+        q = 1.0 - pp ** mm - (1.0 - pp) ** mm
+        expected, sd = float(q.sum()), float(np.sqrt(np.sum(q * (1.0 - q))))
+        z = (observed + 0.5 - expected) / sd if sd > 0 else math.inf
+        fits.append((loglik, z, expected, sd, name))
+    top = max(fit[0] for fit in fits)
+    # of the partitions that predict held-out configs about as well as the best, the one least at odds
+    # with independence: the caveat fires only if every plausible reading of the regions contradicts it
+    _, z, expected, sd, where = max((fit for fit in fits if fit[0] >= top - _PLAUSIBLE_LOGLIK), key=lambda t: t[1])
+    if expected >= 2 and z < -_CLUSTER_Z:
+        notes.warn("clustered", f"failures are nearly all-or-nothing per config ({observed:.0f} of {int(multi.sum())} "
+                                f"configs with repeats have mixed outcomes where independent repeats would give "
+                                f"{expected:.1f} ± {sd:.1f}, given the failure rates of {where}): repeats of a config "
+                                "are not independent, so the intervals, which treat trials as such, are too narrow; "
+                                "count configs, not trials, as the unit", subject)
 
 
 # ---------------------------------------------------------------- model

@@ -7,6 +7,7 @@ Ground truth from :func:`analysis.synthetic.planted` (SYNTHETIC data): a failure
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -204,9 +205,33 @@ def test_bad_input_named() -> None:
         failure_probability(ds, cuts={"enable_chunked_prefill": [1]})
 
 
-def test_clustered_failures_flagged_only_when_repeats_agree() -> None:
-    """Deterministic per-config failures (every repeat fails or none does) make trials dependent."""
+def test_clustered_failures_not_flagged_where_the_regions_explain_them() -> None:
+    """Every repeat fails in the failure region and none elsewhere: all-or-nothing per config, but the
+    regions' rates (1 and 0) predict exactly that, so repeats are not shown to be dependent."""
     ds, _ = separated_dataset()
-    assert "clustered" in codes(failure_probability(ds, cuts=CUTS))
+    assert "clustered" not in codes(failure_probability(ds, cuts=CUTS))
     indep, _ = planted(n_configs=60, n_params=4, repeats=3, fail_rate_region=0.5, fail_rate_base=0.3, seed=8)
     assert "clustered" not in codes(failure_probability(indep, cuts=CUTS))
+
+
+def _repeats_agree(ds: Any) -> Any:
+    """Every repeat of a config gets its first trial's outcome: truly clustered repeats (SYNTHETIC)."""
+    status, kind = ds["status"].values.copy(), ds["failure_kind"].values.copy()
+    first: dict[str, int] = {}
+    for i, cid in enumerate(ds["config_id"].values.tolist()):
+        j = first.setdefault(cid, i)
+        status[i], kind[i] = status[j], kind[j]
+    return ds.assign_coords(status=("trial", status), failure_kind=("trial", kind))
+
+
+def test_clustered_fires_only_when_repeats_contradict_independence_given_the_regions() -> None:
+    """Independent repeats under regional failure rates (80% in the OOM corner, 3% elsewhere): a pooled
+    rate would expect far more configs with mixed outcomes than the regions do, and the caveat must not
+    fire (at most 2 of 12 seeds: P(>= 3) < 2% at a 5% false rate). Repeats that copy one outcome: it fires."""
+    false_alarms = hits = 0
+    for seed in range(12):
+        ds, _ = planted(n_configs=80, n_params=4, repeats=3, fail_rate_region=0.8, seed=seed)
+        false_alarms += "clustered" in codes(failure_probability(ds, seed=seed))
+        hits += "clustered" in codes(failure_probability(_repeats_agree(ds), seed=seed))
+    assert false_alarms <= 2, false_alarms
+    assert hits >= 10, hits
