@@ -873,21 +873,19 @@ def _model(data: pd.DataFrame, y: np.ndarray, plist: list[Parameter],
 
 
 def _misfit(regions: list[RegionRate], checks: dict[_Key, tuple[float, float]], notes: Notes, subject: str) -> None:
-    """``model_misfit`` where a region's (of at least 10 trials) Wilson interval and the model's
-    interval do not overlap, or where its failure count departs from the model's prediction beyond
+    """``model_misfit`` where a region's failure count departs from the model's prediction beyond
     their joint uncertainty: ``(|F - E| - 1/2) / sqrt(V)`` over the Bonferroni-corrected normal quantile
     (family-wise :data:`_SCREEN_LEVEL` over the regions tested), ``E`` and ``V`` the count's mean and
     variance were the model true (binomial spread plus the model's own uncertainty). Regions of at
-    least ``_MIN_CELL`` trials are tested."""
+    least ``_MIN_CELL`` trials are tested. (Non-overlap of the two 95% intervals, the former rule,
+    is a per-region test at about 5% when the model's interval is narrow: over dozens of regions it
+    fired in 6 of 20 seeds where the model was right.)"""
     tested = [(r, checks[(r.params, r.levels)]) for r in regions
               if r.predicted is not None and r.n >= _MIN_CELL and (r.params, r.levels) in checks]
     if not tested:
         return
     crit = NormalDist().inv_cdf(1 - _SCREEN_LEVEL / (2 * len(tested)))
-    missed = [r for r, (e, v) in tested
-              if (r.predicted is not None and r.n >= 2 * _MIN_CELL
-                  and (r.predicted.high < r.rate.low or r.predicted.low > r.rate.high))  # intervals apart
-              or (v > 0 and (abs(r.failures - e) - 0.5) / math.sqrt(v) > crit)]
+    missed = [r for r, (e, v) in tested if v > 0 and (abs(r.failures - e) - 0.5) / math.sqrt(v) > crit]
     if missed:
         shown = "; ".join(f"{r.label}: observed {r.rate}, model {r.predicted}" for r in missed[:3])
         notes.warn("model_misfit", f"the logistic failure model misses {len(missed)} region(s) ({shown}"

@@ -116,8 +116,45 @@ def analyze(
     if progress is not None:
         progress(len(sections), len(sections), "done")
     doc["subsampled"] = _collect(doc, "subsampled")
-    doc["warnings"] = _collect(doc, "warnings")
+    doc["warnings"] = dedupe_warnings(_design_warnings(ds) + _collect(doc, "warnings"))
     return doc
+
+
+def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
+    """What the design itself hides: aliased settings (:func:`analysis.frame.aliases`) and
+    parameters that vary only between one set value and vLLM's default, which the parameter
+    analyses leave out (:func:`analysis.frame.parameters`). Named, never dropped silently."""
+    from analysis.frame import aliases
+
+    out = [{"code": "aliased", "message": a.sentence, "subject": f"{a.a}, {a.b}", "section": "design"}
+           for a in aliases(ds)]
+    analysed = {p.name for p in parameters(ds)}
+    for p in parameters(ds, include_constant=True):
+        if p.name in analysed or len(p.levels) != 1:
+            continue
+        values = ds[p.column].values.tolist()
+        n_set = sum(1 for v in values if not (v is None or (isinstance(v, float) and v != v) or v == ""))
+        if 0 < n_set < len(values):
+            out.append({"code": "default_only", "subject": p.name, "section": "design", "message":
+                        f"{p.name} is set ({p.levels[0]}) in some trials and left at vLLM's default in the others "
+                        f"({n_set} of {len(values)} trials set it): the parameter analyses leave it out, since the "
+                        "default's value is not recorded; read any difference it makes from the configs "
+                        "themselves (and see 'aliased' if it moves with another parameter)"})
+    return out
+
+
+def dedupe_warnings(warnings: list[Any]) -> list[Any]:
+    """Warnings with identical section, code, subject and message kept once, in their first order
+    (one caveat per load point or group often reads the same)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for w in warnings:
+        key = tuple(str(w.get(k, "")) for k in ("section", "code", "subject", "message")) if isinstance(w, dict) \
+            else (str(w),)
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
 
 
 def _main_load_point(df: Any) -> str | None:
