@@ -162,3 +162,26 @@ def test_repeated_warnings_are_printed_once() -> None:
     text = summary_text(doc)
     assert text.count("only 12 trials for 2 parameters") == 2  # once per section
     assert "(x7)" in text
+
+
+def test_a_partial_dependence_sentence_says_what_was_modelled_and_what_was_measured() -> None:
+    """The modelled change (the surrogate's partial dependence) is labelled as such, and beside it
+    stands the measured change of the medians, which matches the trial table."""
+    import numpy as np
+
+    from analysis.common import jsonable
+    from analysis.effects import partial_dependence
+    from analysis.frame import trial_table
+    from analysis.report import _with_measured
+
+    ds, _ = planted(params=["max_num_seqs", "enable_chunked_prefill"], design="grid", repeats=2, seed=2,
+                    fail_rate_region=0.0, fail_rate_base=0.0)
+    df = trial_table(ds)
+    pd_mns = _with_measured(jsonable(partial_dependence(ds, "max_num_seqs", n_boot=5)), df)
+    m = pd_mns["measured"]
+    ok = df[df.status == "ok"]
+    want_a = float(np.median(ok[ok.param_max_num_seqs == m["from"]]["output_throughput"]))
+    want_b = float(np.median(ok[ok.param_max_num_seqs == m["to"]]["output_throughput"]))
+    assert (m["median_from"], m["median_to"]) == (pytest.approx(want_a), pytest.approx(want_b))
+    assert m["change"] == pytest.approx(want_b / want_a - 1)
+    assert "modelled" in pd_mns["sentence"] and f"{100 * m['change']:+.3g}%" in pd_mns["sentence"]
