@@ -460,6 +460,12 @@ def _group(ds: xr.Dataset, sub: pd.DataFrame, hw: str, load_point: str | None, p
     if pairs and used_pairs < len(pairs):
         notes.subsample(f"parameter pairs shown as regions{' (' + subject + ')' if subject else ''}, "
                         "by failure-rate spread", used_pairs, len(pairs))
+        if used_pairs:
+            notes.warn("selected_pairs", f"the {used_pairs} pair(s) of parameters shown as regions were chosen from "
+                                         f"{len(pairs)} for their observed failure-rate spread, so their cells' "
+                                         "intervals may cover less often than stated (about 90% for 95% in a "
+                                         "simulation with no real pair structure; single-parameter regions 95%)",
+                       subject)
 
     model, coefs, predicted, checks = _model(data, y, [f.param for f in factors], regions, level, seed, notes,
                                              subject)

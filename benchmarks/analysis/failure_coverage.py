@@ -6,7 +6,8 @@ independently), and how often the ``model_misfit`` and ``clustered`` caveats fir
 A region's truth is the mean planted failure probability over its trials. Per seed, every region's
 Wilson interval and, where the logistic model is used, its predicted interval is checked against
 that truth; the corner cells (both parameters of the corner at their failing levels) are reported
-apart, since that is where a main-effects model used to miss.
+apart, since that is where a main-effects model used to miss, and so are single-parameter and pair
+regions (pairs are shown in order of their observed failure-rate spread, a selection on the outcome).
 
     python -m benchmarks.analysis.failure_coverage --seeds 40
 """
@@ -36,7 +37,8 @@ def _truths(ds: Any, region_rate: float, base_rate: float) -> tuple[dict[str, np
 
 
 def run(seeds: int, n_configs: int, n_params: int, repeats: int, region_rate: float, base_rate: float) -> dict[str, Any]:
-    tally = {k: [0, 0] for k in ("wilson", "model", "wilson_corner", "model_corner")}
+    tally = {k: [0, 0] for k in ("wilson", "model", "wilson_single", "wilson_pair", "wilson_corner",
+                                 "model_corner")}
     fired = {"model_misfit": 0, "clustered": 0, "failure_terms": 0}
     logit = 0
     for seed in range(seeds):
@@ -59,7 +61,10 @@ def run(seeds: int, n_configs: int, n_params: int, repeats: int, region_rate: fl
                 if iv is None:
                     continue
                 hit = int(iv.low - 1e-12 <= truth <= iv.high + 1e-12)
-                for key in (kind, f"{kind}_corner") if corner else (kind,):
+                keys = [kind, f"{kind}_corner"] if corner else [kind]
+                if kind == "wilson":
+                    keys.append("wilson_single" if len(r.params) == 1 else "wilson_pair")
+                for key in keys:
                     tally[key][0] += hit
                     tally[key][1] += 1
     return {"seeds": seeds, "trials": n_configs * repeats, "logit_used": logit, "fired": fired,
