@@ -631,7 +631,8 @@ _SCREEN_LEVEL = 0.05  # family-wise level of the interaction screen and of the m
 
 
 def _fit(y: np.ndarray, Xc: np.ndarray, names: list[str],
-         regions: list[tuple[tuple[str, ...], tuple[str, ...], np.ndarray]]) -> tuple[Any, list[str]]:
+         regions: list[tuple[tuple[str, ...], tuple[str, ...], np.ndarray]],
+         start: np.ndarray | None = None) -> tuple[Any, list[str]]:
     """A logistic fit and the reasons it is meaningless (separation, no convergence, huge terms)."""
     import statsmodels.api as sm
     from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
@@ -641,7 +642,7 @@ def _fit(y: np.ndarray, Xc: np.ndarray, names: list[str],
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = sm.Logit(y, Xc).fit(method="newton", maxiter=100, disp=0)
+            result = sm.Logit(y, Xc).fit(method="newton", maxiter=100, disp=0, start_params=start)
         except PerfectSeparationError:
             reasons.append("statsmodels reports perfect prediction")
     for w in caught:
@@ -674,7 +675,7 @@ def _fit(y: np.ndarray, Xc: np.ndarray, names: list[str],
     return result, reasons
 
 
-_MAX_THRESHOLDS = 8  # split points per parameter among the candidate terms (quantiles of its levels)
+_MAX_THRESHOLDS = 4  # split points per parameter among the candidate terms (quantiles of its levels)
 _EVENTS_PER_TERM = 10  # fewer events (failures or successes, the rarer) per main-effect term: no model
 _MAX_REJECTED = 5  # candidate terms that separate, tried and set aside, before the search stops
 _BLOCK = 512  # candidate columns scored at a time (bounded memory on large tables)
@@ -830,7 +831,8 @@ def _model(data: pd.DataFrame, y: np.ndarray, plist: list[Parameter],
         col, cand = found
         trial_xc = np.column_stack([Xc, col])
         try:
-            trial_result, trial_reasons = _fit(y, trial_xc, [*names, cand.term], regions)
+            trial_result, trial_reasons = _fit(y, trial_xc, [*names, cand.term], regions,
+                                               np.r_[np.asarray(result.params, dtype=float), 0.0])
         except (np.linalg.LinAlgError, ValueError):
             trial_reasons = ["singular"]
         if trial_reasons:
