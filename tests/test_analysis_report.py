@@ -185,3 +185,16 @@ def test_a_partial_dependence_sentence_says_what_was_modelled_and_what_was_measu
     assert (m["median_from"], m["median_to"]) == (pytest.approx(want_a), pytest.approx(want_b))
     assert m["change"] == pytest.approx(want_b / want_a - 1)
     assert "modelled" in pd_mns["sentence"] and f"{100 * m['change']:+.3g}%" in pd_mns["sentence"]
+
+
+def test_the_effect_badge_yields_to_poor_fit() -> None:
+    """A green "causal effect" badge never stands beside poor_fit: the dashboard shows an amber one."""
+    from analysis.common import Caveat, Claim
+    from dashboards.app import claim_html
+
+    effect = Claim("effect", "randomised design")
+    assert "st-claim-effect" in claim_html(effect) and "causal effect" in claim_html(effect)
+    weak = claim_html(effect, [Caveat("poor_fit", "held-out R² -0.92")])
+    assert "st-claim-effect" not in weak and "causal effect" not in weak and "fits poorly" in weak
+    assert "st-claim-effect" in claim_html(effect, [Caveat("too_few_trials", "12 trials")])
+    assert "association" in claim_html(Claim("association", "adaptive design"), [Caveat("poor_fit", "x")])
