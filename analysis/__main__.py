@@ -19,6 +19,8 @@ from analysis.load import load_many
 from analysis.report import analyze, stderr_progress, validate_report
 from servetune.errors import ServetuneError
 
+_MAX_WARNING_LINES = 10
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description="servetune analysis")
@@ -80,8 +82,14 @@ def summary_text(doc: dict[str, Any]) -> str:
     imp = doc.get("importance", {})
     for p in imp.get("parameters", []) if isinstance(imp, dict) else []:
         lines.append(f"  {p.get('name')}: {p.get('verdict')}")
-    for w in doc.get("warnings", [])[:10]:
-        lines.append(f"  warning [{w.get('section')}] {w.get('message')}")
+    counted: dict[tuple[str, str], int] = {}
+    for w in doc.get("warnings", []):  # one line per distinct caveat, however many groups repeat it
+        key = (str(w.get("section")), str(w.get("message")))
+        counted[key] = counted.get(key, 0) + 1
+    for (section, message), n in list(counted.items())[:_MAX_WARNING_LINES]:
+        lines.append(f"  warning [{section}] {message}" + (f" (x{n})" if n > 1 else ""))
+    if len(counted) > _MAX_WARNING_LINES:
+        lines.append(f"  ... and {len(counted) - _MAX_WARNING_LINES} more distinct warning(s) (see --json)")
     return "\n".join(lines)
 
 

@@ -409,3 +409,67 @@ def groups(df: pd.DataFrame, by: Sequence[str] = ("load_point", "hardware_class"
         vals = values if isinstance(values, tuple) else (values,)
         out.append(({k: str(v) for k, v in zip(keys, vals)}, sub))
     return out
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Two parameter settings that the design never separates: across the distinct engine configs,
+    ``a == a_level`` holds exactly where ``b == b_level`` does (``"default"``: left at vLLM's
+    default), in ``n_configs`` of ``of_configs`` configs. Their effects cannot be told apart."""
+
+    a: str
+    a_level: str
+    b: str
+    b_level: str
+    n_configs: int
+    of_configs: int
+
+    @property
+    def sentence(self) -> str:
+        return (f"{self.a}={self.a_level} occurs exactly in the configs with {self.b}={self.b_level} "
+                f"({self.n_configs} of {self.of_configs} configs): the design confounds them, so no analysis can "
+                f"tell their effects apart; vary them independently to separate them")
+
+
+def aliases(ds: xr.Dataset) -> list[Alias]:
+    """Aliased parameter settings among the experiment's distinct non-baseline configs.
+
+    Every parameter that varies counts, including one set in some configs and left at vLLM's
+    default in the others (which :func:`parameters` leaves out, as it has a single explicit level):
+    its levels are that value and ``default``. For each pair of parameters, a level indicator of
+    one that equals a level indicator of the other over the configs (neither always true nor always
+    false) is an alias; for two-level parameters the complementary pair is the same alias and is
+    reported once. Cost: the distinct configs times the pairs of their levels (small)."""
+    cols = [str(c) for c in ds.coords if str(c).startswith(PARAM_PREFIX)]
+    if not cols or "config_id" not in ds.coords:
+        return []
+    keep = np.ones(int(ds.sizes.get("trial", 0)), dtype=bool)
+    if "is_baseline" in ds.coords or "is_baseline" in ds.data_vars:
+        keep &= ~np.asarray(ds["is_baseline"].values, dtype=bool)
+    _, first = np.unique(np.asarray(ds["config_id"].values, dtype=object)[keep].astype(str), return_index=True)
+    rows = np.flatnonzero(keep)[np.sort(first)]
+    n_cfg = len(rows)
+    if n_cfg < 2:
+        return []
+    indicators: list[tuple[str, str, np.ndarray]] = []  # (param, level, mask over configs)
+    n_levels: dict[str, int] = {}
+    for col in cols:
+        values = np.asarray(ds[col].values)[rows]
+        labels = np.array(["default" if _missing(v) else str(v) for v in values.tolist()], dtype=object)
+        levels = sorted(set(labels.tolist()))
+        if len(levels) < 2:
+            continue
+        name = col.removeprefix(PARAM_PREFIX)
+        n_levels[name] = len(levels)
+        indicators += [(name, lv, labels == lv) for lv in levels]
+    out: list[Alias] = []
+    seen: set[tuple[str, str]] = set()
+    for i, (a, la, ma) in enumerate(indicators):
+        for b, lb, mb in indicators[i + 1:]:
+            if a == b or not np.array_equal(ma, mb):
+                continue
+            if n_levels[a] == 2 and n_levels[b] == 2 and (a, b) in seen:
+                continue  # the complement of an alias already named
+            seen.add((a, b))
+            out.append(Alias(a, la, b, lb, int(ma.sum()), n_cfg))
+    return out

@@ -8,9 +8,12 @@ config's repeats with replacement (``n_boot`` times) and recomputing the whole r
 policy re-reads the same trial table; nothing is re-run.
 
 Policies (:data:`POLICIES`; higher scores rank first, ties by config id). Under every policy a
-config some of whose trials failed (a measurement failure: OOM, a server that died under load)
-ranks after every config of its SLO tier whose trials all succeeded: a config that works only
-sometimes is not a deployment answer, however fast its lucky runs were.
+config some of whose trials failed by its own fault (a measurement failure: OOM, a server that died
+under load) ranks after every config of its SLO tier whose trials all succeeded: a config that works
+only sometimes is not a deployment answer, however fast its lucky runs were. A trial lost to
+``transport`` (the daemon or its connection) is not held against its config (``n_lost`` counts
+them). The tiers and which failure kinds count are one rule, :func:`servetune.ranking.tier` and
+:func:`servetune.ranking.blames_config`, shared with the table ``sweep`` prints.
 
 ``slo_throughput``
     the objective (default the spec's ``ranking.objective``, e.g. ``output_throughput``) among the
@@ -64,14 +67,15 @@ import xarray as xr
 from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
 from analysis.frame import AnalysisInputError, lean_table, metric_sense, quantile_column, table_columns
 from analysis.pareto import ConfigGroup, base_columns, bootstrap_medians, config_groups
+from servetune.ranking import FAILS as _FAILS
+from servetune.ranking import MEETS as _MEETS
+from servetune.ranking import NO_DATA as _NO_DATA
+from servetune.ranking import NOT_THE_CONFIGS_FAULT
+from servetune.ranking import tier as _tier
 
 log = logging.getLogger(__name__)
 
 LEVEL = 0.95
-#: tiers of the ranking key: meets every SLO (or no gate), misses one, no usable trial; a config
-#: some of whose trials failed (OOM, died under load) sits just below its SLO tier (+1)
-_MEETS, _MISSES, _NO_DATA = 0, 2, 4
-_FAILS = 1
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class RankedRow:
     slos_met: bool | None
     p_best: float | None
     values: dict[str, float]
+    n_lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -352,12 +357,32 @@ def _objective_of(ds: xr.Dataset, objective: str | None) -> str:
 
 
 def _tiers(med: np.ndarray, has: np.ndarray, gate: list[tuple[int, float]], failing: np.ndarray) -> np.ndarray:
-    """``... x C`` tiers from medians ``... x C x m``; ``failing`` (``C``) marks configs with failed trials."""
-    tier = np.where(has, _MEETS, _NO_DATA)
+    """``... x C`` tiers from medians ``... x C x m``; ``failing`` (``C``) marks configs with failed
+    trials they are to blame for (:func:`servetune.ranking.tier`)."""
+    miss = np.zeros(np.shape(has), dtype=bool)
     for j, limit in gate:
-        miss = ~(med[..., j] <= limit)
-        tier = np.where((tier == _MEETS) & miss, _MISSES, tier)
-    return np.where((tier != _NO_DATA) & failing, tier + _FAILS, tier)
+        miss |= ~(med[..., j] <= limit)
+    return np.asarray(_tier(np.asarray(has, dtype=bool), miss, np.asarray(failing, dtype=bool)), dtype=np.int64)
+
+
+def _lost_counts(df: pd.DataFrame, by: Sequence[str]) -> dict[tuple[str, ...], dict[str, int]]:
+    """Per group key (the values of ``by`` present in ``df``, as strings) and config id, how many of
+    its non-baseline trials failed by a kind that is not the config's fault (transport)."""
+    if "failure_kind" not in df:
+        return {}
+    lost = (df["status"].to_numpy(dtype=object) == "failed") & np.isin(
+        df["failure_kind"].to_numpy(dtype=object).astype(str), sorted(NOT_THE_CONFIGS_FAULT))
+    if "is_baseline" in df:
+        lost &= ~df["is_baseline"].to_numpy(dtype=bool)
+    if not lost.any():
+        return {}
+    keys = [k for k in by if k in df]
+    sub = df.loc[lost, [*keys, "config_id"]].astype(str)
+    out: dict[tuple[str, ...], dict[str, int]] = {}
+    for row, n in sub.value_counts().items():
+        row = row if isinstance(row, tuple) else (row,)
+        out.setdefault(tuple(row[:-1]), {})[str(row[-1])] = int(n)
+    return out
 
 
 def _order(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -422,7 +447,7 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
     req = _Request(obj, weights, _slo_columns(slo_list, have), latency)
     plan = POLICIES[policy].plan(req)
     if table is None:
-        needs = [*base_columns(by), obj, *plan.columns]
+        needs = [*base_columns(by), "failure_kind", obj, *plan.columns]
         if plan.derived or plan.needs_price:
             needs += ["gpus", "gpu_hour_price"]
         df = lean_table(ds, needs)
@@ -434,6 +459,7 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
     extra = {name: fn(df) for name, fn in plan.derived.items()}
     groups = config_groups(df, plan.columns, by, with_trials=n_boot > 0, extra=extra,
                            source=ds if table is None else None)
+    lost_by_group = _lost_counts(df, by)
     out: list[RankedGroup] = []
     n_single = n_two = 0
     for g in groups:
@@ -444,7 +470,9 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
             notes.warn("no_prices", msg, _subject(g.key))
             out.append(RankedGroup(g.key, [], False, msg, n_ranked=0))
             continue
-        ranked, single = _rank_group(g, plan, n_boot, seed, top)
+        lost_of = lost_by_group.get(tuple(g.key.values()), {})
+        n_lost = np.asarray([lost_of.get(str(c), 0) for c in g.config_ids], dtype=np.int64) if lost_of else None
+        ranked, single = _rank_group(g, plan, n_boot, seed, top, n_lost)
         n_single += single
         n_two += int((g.counts == 2).sum())
         out.append(ranked)
@@ -472,13 +500,14 @@ def _subject(key: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in key.items())
 
 
-def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int,
-                top: int | None = None) -> tuple[RankedGroup, int]:
+def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int, top: int | None = None,
+                n_lost: np.ndarray | None = None) -> tuple[RankedGroup, int]:
     has = g.counts > 0
     sense = plan.sense
     score = plan.score(g.medians) * sense  # higher is better from here on
     score = np.where(has, score, np.nan)
-    failing = g.n_failed > 0
+    lost = np.zeros(len(has), dtype=np.int64) if n_lost is None else n_lost
+    failing = (g.n_failed - lost) > 0
     tier = _tiers(g.medians, has, plan.gate, failing)
     order = _order(tier, score)
     boot_score = boot_tier = None
@@ -504,7 +533,7 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int,
             rank=r, config_id=str(g.config_ids[c]), label=g.labels[c], score=iv, n_ok=int(g.n_ok[c]),
             n_failed=int(g.n_failed[c]), n_holes=int(g.n_holes[c]), n_repeats=int(g.counts[c]), slos_met=met,
             p_best=None if boot_score is None else float(p_best[c]),
-            values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}))
+            values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}, n_lost=int(lost[c])))
     group = _distinguish(g, plan, order, tier, score, boot_tier, boot_score, single, rows, n_boot)
     return dataclasses.replace(group, n_ranked=len(order)), int(single.sum())
 

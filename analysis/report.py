@@ -98,7 +98,7 @@ def analyze(
         ("pareto", lambda: _pareto(ds, df)),
         ("ranking", lambda: _ranking(ds, policy, seed, df)),
         ("importance", lambda: _importance(ds, metric, lp, n_boot, seed)),
-        ("partial_dependence", lambda: _pd(ds, params, metric, lp, seed)),
+        ("partial_dependence", lambda: _pd(ds, params, metric, lp, seed, df)),
         ("interactions", lambda: _interactions(ds, params, metric, lp, seed)),
         ("failure", lambda: _failure(ds, lp, seed)),
         ("drift", lambda: _drift(ds, metric)),
@@ -116,8 +116,45 @@ def analyze(
     if progress is not None:
         progress(len(sections), len(sections), "done")
     doc["subsampled"] = _collect(doc, "subsampled")
-    doc["warnings"] = _collect(doc, "warnings")
+    doc["warnings"] = dedupe_warnings(_design_warnings(ds) + _collect(doc, "warnings"))
     return doc
+
+
+def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
+    """What the design itself hides: aliased settings (:func:`analysis.frame.aliases`) and
+    parameters that vary only between one set value and vLLM's default, which the parameter
+    analyses leave out (:func:`analysis.frame.parameters`). Named, never dropped silently."""
+    from analysis.frame import aliases
+
+    out = [{"code": "aliased", "message": a.sentence, "subject": f"{a.a}, {a.b}", "section": "design"}
+           for a in aliases(ds)]
+    analysed = {p.name for p in parameters(ds)}
+    for p in parameters(ds, include_constant=True):
+        if p.name in analysed or len(p.levels) != 1:
+            continue
+        values = ds[p.column].values.tolist()
+        n_set = sum(1 for v in values if not (v is None or (isinstance(v, float) and v != v) or v == ""))
+        if 0 < n_set < len(values):
+            out.append({"code": "default_only", "subject": p.name, "section": "design", "message":
+                        f"{p.name} is set ({p.levels[0]}) in some trials and left at vLLM's default in the others "
+                        f"({n_set} of {len(values)} trials set it): the parameter analyses leave it out, since the "
+                        "default's value is not recorded; read any difference it makes from the configs "
+                        "themselves (and see 'aliased' if it moves with another parameter)"})
+    return out
+
+
+def dedupe_warnings(warnings: list[Any]) -> list[Any]:
+    """Warnings with identical section, code, subject and message kept once, in their first order
+    (one caveat per load point or group often reads the same)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for w in warnings:
+        key = tuple(str(w.get(k, "")) for k in ("section", "code", "subject", "message")) if isinstance(w, dict) \
+            else (str(w),)
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
 
 
 def _main_load_point(df: Any) -> str | None:
@@ -175,12 +212,61 @@ def _importance(ds: xr.Dataset, metric: str, lp: str | None, n_boot: int, seed: 
     return jsonable(importance(ds, metric=metric, load_point=lp, n_boot=n_boot, seed=seed))
 
 
-def _pd(ds: xr.Dataset, params: list[str], metric: str, lp: str | None, seed: int) -> Any:
+def _pd(ds: xr.Dataset, params: list[str], metric: str, lp: str | None, seed: int, df: pd.DataFrame) -> Any:
     from analysis.effects import partial_dependence
 
     if not params:
         raise AnalysisInputError("no parameter was swept: there is no partial dependence to show")
-    return [jsonable(partial_dependence(ds, p, metric=metric, load_point=lp, seed=seed)) for p in params]
+    out = []
+    for p in params:
+        doc = jsonable(partial_dependence(ds, p, metric=metric, load_point=lp, seed=seed))
+        out.append(_with_measured(doc, df))
+    return out
+
+
+def _with_measured(doc: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
+    """Beside a one-parameter partial dependence's sentence (a modelled change: the surrogate's
+    prediction averaged over every other parameter), the measured one: the medians of the ok trials
+    at its first and last grid value (same load point and hardware class), as ``measured``
+    (``{"from", "to", "median_from", "median_to", "n_from", "n_to", "change", "relative"}``), and the
+    sentence says which number is which. Skipped where a grid end is not an observed level."""
+    params, grid, sentence = doc.get("params") or [], doc.get("grid") or [], doc.get("sentence")
+    if len(params) != 1 or not grid or len(grid[0]) < 2 or not sentence:
+        return doc
+    col = f"param_{params[0]}"
+    metric = str(doc.get("metric"))
+    if col not in df or metric not in df:
+        return doc
+    sel = (df["status"].astype(str) == "ok") & ~df["is_baseline"].astype(bool)
+    for key in ("load_point", "hardware_class"):
+        if doc.get(key) is not None and key in df:
+            sel &= df[key].astype(str) == str(doc[key])
+    sub = df[sel]
+    a, b = grid[0][0], grid[0][-1]
+
+    def median_at(level: Any) -> tuple[float, int]:
+        vals = sub[col].to_numpy(dtype=object)
+        if isinstance(level, (int, float)) and not isinstance(level, bool):
+            num = pd.to_numeric(pd.Series(vals), errors="coerce").to_numpy(dtype=float)
+            hit = np.isclose(num, float(level), rtol=1e-9, atol=0.0)
+        else:
+            hit = np.array([str(v) == str(level) for v in vals.tolist()], dtype=bool)
+        y = sub[metric].to_numpy(dtype=float)[hit]
+        y = y[np.isfinite(y)]
+        return (float(np.median(y)) if len(y) else float("nan")), int(len(y))
+
+    (ma, na), (mb, nb) = median_at(a), median_at(b)
+    if not (na and nb and np.isfinite(ma) and np.isfinite(mb)):
+        return doc
+    relative = bool(doc.get("relative", True)) and ma > 0
+    change = mb / ma - 1.0 if relative else mb - ma
+    shown = f"{100 * change:+.3g}%" if relative else f"{change:+.4g}"
+    doc["measured"] = {"from": a, "to": b, "median_from": ma, "median_to": mb, "n_from": na, "n_to": nb,
+                       "change": change, "relative": relative}
+    doc["sentence"] = (f"{sentence} (modelled: the surrogate's partial dependence, averaged over the other "
+                       f"parameters); measured: the median {metric} of the trials with {params[0]}={a} was "
+                       f"{ma:.4g} ({na} trials) and with {params[0]}={b} {mb:.4g} ({nb} trials), {shown}")
+    return doc
 
 
 def _interactions(ds: xr.Dataset, params: list[str], metric: str, lp: str | None, seed: int) -> Any:

@@ -124,7 +124,8 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
             if r.slos_met is False:
                 status += ", misses SLO"
             if r.n_ok and (r.n_failed or r.n_holes):
-                status += f" ({r.n_failed} failed, {r.n_holes} holes)"
+                lost = f", {r.n_lost} lost to the daemon or connection, not held against it" if r.n_lost else ""
+                status += f" ({r.n_failed} failed{lost}, {r.n_holes} holes)"
             attain = v.get("slo_attainment")
             table.add_row(
                 str(r.rank), r.config_label, _fmt(v.get("request_throughput"), 2), _fmt(v.get("output_throughput")),

@@ -1,9 +1,22 @@
 """The spec's default ranking policy, applied to per-trial summaries (pure, standard library).
 
 Per load point, each engine config gets one row: the median of its repeats' per-trial statistics
-(repeats are the unit of replication). Configs whose trials failed rank last; with
-``require_slos`` those that meet every SLO rank before those that miss one; then the objective,
-highest first. Baseline re-runs are drift controls and are left out of the ranking.
+(repeats are the unit of replication). Baseline re-runs are drift controls and are left out.
+
+The ranking rule (one rule, shared with :func:`analysis.ranking.rank`, which imports
+:func:`tier` and :func:`blames_config` from here): configs are ordered by tier, then by the
+objective (highest first), then by config id. The tiers, best first:
+
+0. ``MEETS``: meets every SLO (or no SLO gate);
+1. ``MEETS + FAILS``: as 0 but some of its trials failed in a way that is the config's fault;
+2. ``MISSES``: misses an SLO; 3. ``MISSES + FAILS``;
+4. ``NO_DATA``: no usable trial.
+
+A failure counts against a config (:func:`blames_config`) unless its kind is ``transport``: a lost
+daemon or connection says nothing about the config (the trial is re-run on resume), so such a
+trial is shown (:attr:`RankedConfig.n_lost`) and counted like a hole, never held against the config.
+A ``measurement`` failure (OOM, a server that would not start or died under load) does count: a
+config that works only sometimes is not a deployment answer, however fast its lucky runs were.
 
 A row also carries what its ok trials were flagged with (:attr:`RankedConfig.flags`): a load point
 stopped early by a stop condition (its metrics cover what ran) and a client that fell behind its
@@ -21,6 +34,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servetune.spec import RankingPolicy
+
+#: ranking tiers (lower ranks first); a config with failures it is to blame for sits one below its SLO tier
+MEETS, FAILS, MISSES, NO_DATA = 0, 1, 2, 4
+#: failure kinds that say nothing about the config (the run never judged it)
+NOT_THE_CONFIGS_FAULT: frozenset[str] = frozenset({"transport"})
+
+
+def blames_config(failure_kind: str | None) -> bool:
+    """Whether a failed trial of this kind counts against its config (every kind but ``transport``)."""
+    return (failure_kind or "") not in NOT_THE_CONFIGS_FAULT
+
+
+def tier(has_data: Any, misses_slo: Any, failing: Any) -> Any:
+    """The ranking tier from three flags (Python bools or NumPy bool arrays alike, elementwise):
+    whether the config has a usable trial, whether it misses an SLO of the gate, and whether some of
+    its trials failed by its own fault (:func:`blames_config`)."""
+    return has_data * (MISSES * misses_slo + FAILS * failing) + (has_data == 0) * NO_DATA
 
 
 @dataclass(frozen=True)
@@ -51,6 +81,7 @@ class RankedConfig:
     failure: str | None = None
     stopped_early: list[str] = field(default_factory=list)
     n_fell_behind: int = 0
+    n_lost: int = 0  # failed trials lost to transport (daemon or connection): not held against the config
 
     @property
     def status(self) -> str:
@@ -122,6 +153,7 @@ def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, lis
         for config_id, ts in by_config.items():
             ok = [t for t in ts if t.status == "ok"]
             failed = [t for t in ts if t.status == "failed"]
+            blamed = [t for t in failed if blames_config(t.failure_kind)]
             per_trial = [summary_values(t.metrics) for t in ok]
             values = {k: _median(v[k] for v in per_trial) for k in (per_trial[0] if per_trial else {})}
             met = [t.metrics.get("slos_met") for t in ok]
@@ -143,14 +175,15 @@ def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, lis
                     failure=failure,
                     stopped_early=[str(t.metrics["stopped_early"]) for t in ok if t.metrics.get("stopped_early")],
                     n_fell_behind=sum(1 for t in ok if t.metrics.get("client_fell_behind")),
+                    n_lost=len(failed) - len(blamed),
                 )
             )
 
-        def key(r: RankedConfig) -> tuple[int, int, float]:
-            measured = 0 if r.n_ok else 1
-            slo_gate = 1 if (policy.require_slos and r.slos_met is False) else 0
+        def key(r: RankedConfig) -> tuple[int, float, str]:
+            misses = bool(policy.require_slos and r.slos_met is False)
             objective = r.values.get(policy.objective)
-            return (measured, slo_gate, -(objective if objective is not None else -math.inf))
+            return (int(tier(bool(r.n_ok), misses, r.n_failed > r.n_lost)),
+                    -(objective if objective is not None else -math.inf), r.config_id)
 
         rows.sort(key=key)
         for i, r in enumerate(rows, start=1):

@@ -302,3 +302,24 @@ def test_top_k_lists_the_first_k_rows_of_the_full_ranking(top: int) -> None:
                     (gf.distinguishable, gf.sentence, gf.margin, gf.p_order)
     with pytest.raises(AnalysisInputError, match="top"):
         rank(ds, top=-1)
+
+
+def _with_kinds(recs: list[dict[str, Any]], kinds: dict[int, str]) -> Any:
+    """``make_ds(recs)`` with the failure kind of the trials at the given positions replaced."""
+    ds = make_ds(recs)
+    fk = ds["failure_kind"].values.copy()
+    for i, kind in kinds.items():
+        fk[i] = kind
+    return ds.assign_coords(failure_kind=("trial", fk))
+
+
+def test_a_trial_lost_to_transport_is_not_held_against_its_config() -> None:
+    """700 tok/s with one trial lost to a daemon beats 500 tok/s; lost to OOM (measurement) it does not."""
+    recs = cfg("fast", spread(700, 3), spread(100, 3)) + [{"config_id": "fast", "status": "failed"}] \
+        + cfg("slow", spread(500), spread(100))
+    lost = rank(_with_kinds(recs, {3: "transport"}), n_boot=50)
+    assert order(lost) == ["fast", "slow"]
+    row = lost.groups[0].rows[0]
+    assert (row.n_ok, row.n_failed, row.n_lost) == (3, 1, 1)
+    oom = rank(_with_kinds(recs, {3: "measurement"}), n_boot=50)
+    assert order(oom) == ["slow", "fast"] and oom.groups[0].rows[1].n_lost == 0

@@ -113,3 +113,88 @@ def test_accessor_is_registered() -> None:
     ds, _ = planted(n_configs=10, n_params=2, seed=1)
     assert hasattr(ds, "sweep") and analysis.load is not None
     assert ds.sweep.filter(status="ok").sizes["trial"] <= ds.sizes["trial"]
+
+
+def _quickstart_like() -> xr.Dataset:
+    """SYNTHETIC: as in the quick start, prefix caching is set (off) only where chunked prefill is off
+    and left at vLLM's default everywhere else: the two are aliased, and prefix caching has a single
+    explicit level."""
+    import numpy as np
+
+    ds, _ = planted(params=["max_num_seqs", "enable_chunked_prefill"], design="grid", repeats=2, seed=2)
+    chunked = np.asarray(ds["param_enable_chunked_prefill"].values, dtype=bool)
+    prefix = np.array([None if c else False for c in chunked.tolist()], dtype=object)
+    return ds.assign_coords(param_enable_prefix_caching=("trial", prefix))
+
+
+def test_aliased_settings_and_default_only_parameters_are_named_never_dropped_silently() -> None:
+    from analysis.__main__ import summary_text
+    from analysis.frame import aliases
+
+    ds = _quickstart_like()
+    found = aliases(ds)
+    assert [(a.a, a.a_level, a.b, a.b_level) for a in found] == [
+        ("enable_chunked_prefill", "False", "enable_prefix_caching", "False")]
+    assert found[0].n_configs == 7 and found[0].of_configs == 14
+    doc = analyze(ds, n_boot=5)
+    validate_report(doc)
+    by_code = {w["code"]: w for w in doc["warnings"] if w["section"] == "design"}
+    assert "enable_chunked_prefill=False" in by_code["aliased"]["message"]
+    assert "enable_prefix_caching=False" in by_code["aliased"]["message"]
+    assert by_code["default_only"]["subject"] == "enable_prefix_caching"
+    assert "enable_prefix_caching" not in doc["parameters"]  # left out of the analyses, but said so
+    text = summary_text(doc)
+    assert "enable_prefix_caching=False" in text
+    # an unaliased design says nothing of the kind
+    plain, _ = planted(params=["max_num_seqs", "enable_chunked_prefill"], design="grid", repeats=1, seed=2)
+    assert aliases(plain) == []
+
+
+def test_repeated_warnings_are_printed_once() -> None:
+    from analysis.__main__ import summary_text
+    from analysis.report import dedupe_warnings
+
+    ds, _ = planted(n_configs=12, n_params=2, seed=3)
+    doc = analyze(ds, n_boot=5)
+    same = {"code": "too_few_trials", "message": "only 12 trials for 2 parameters", "section": "importance"}
+    doc["warnings"] = [same] * 7 + [{**same, "section": "partial_dependence", "subject": "max_num_seqs"}]
+    assert len(dedupe_warnings(doc["warnings"])) == 2
+    text = summary_text(doc)
+    assert text.count("only 12 trials for 2 parameters") == 2  # once per section
+    assert "(x7)" in text
+
+
+def test_a_partial_dependence_sentence_says_what_was_modelled_and_what_was_measured() -> None:
+    """The modelled change (the surrogate's partial dependence) is labelled as such, and beside it
+    stands the measured change of the medians, which matches the trial table."""
+    import numpy as np
+
+    from analysis.common import jsonable
+    from analysis.effects import partial_dependence
+    from analysis.frame import trial_table
+    from analysis.report import _with_measured
+
+    ds, _ = planted(params=["max_num_seqs", "enable_chunked_prefill"], design="grid", repeats=2, seed=2,
+                    fail_rate_region=0.0, fail_rate_base=0.0)
+    df = trial_table(ds)
+    pd_mns = _with_measured(jsonable(partial_dependence(ds, "max_num_seqs", n_boot=5)), df)
+    m = pd_mns["measured"]
+    ok = df[df.status == "ok"]
+    want_a = float(np.median(ok[ok.param_max_num_seqs == m["from"]]["output_throughput"]))
+    want_b = float(np.median(ok[ok.param_max_num_seqs == m["to"]]["output_throughput"]))
+    assert (m["median_from"], m["median_to"]) == (pytest.approx(want_a), pytest.approx(want_b))
+    assert m["change"] == pytest.approx(want_b / want_a - 1)
+    assert "modelled" in pd_mns["sentence"] and f"{100 * m['change']:+.3g}%" in pd_mns["sentence"]
+
+
+def test_the_effect_badge_yields_to_poor_fit() -> None:
+    """A green "causal effect" badge never stands beside poor_fit: the dashboard shows an amber one."""
+    from analysis.common import Caveat, Claim
+    from dashboards.app import claim_html
+
+    effect = Claim("effect", "randomised design")
+    assert "st-claim-effect" in claim_html(effect) and "causal effect" in claim_html(effect)
+    weak = claim_html(effect, [Caveat("poor_fit", "held-out R² -0.92")])
+    assert "st-claim-effect" not in weak and "causal effect" not in weak and "fits poorly" in weak
+    assert "st-claim-effect" in claim_html(effect, [Caveat("too_few_trials", "12 trials")])
+    assert "association" in claim_html(Claim("association", "adaptive design"), [Caveat("poor_fit", "x")])

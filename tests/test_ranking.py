@@ -29,3 +29,33 @@ def test_flags_of_stopped_early_and_client_fell_behind_never_change_the_rank() -
     assert b.flags == ["client fell behind (1 of 2)"]
     assert c.flags == []
     assert short_reason(reason) == "over-saturation"
+
+
+def failed(config: str, n: int, kind: str) -> TrialSummary:
+    return TrialSummary(trial_id=f"{config}-{n}", config_id=config, config_label=f"label {config}", load_point="lp",
+                        status="failed", failure_kind=kind, metrics={})
+
+
+def test_transport_losses_are_not_held_against_a_config_measurement_failures_are() -> None:
+    """The rule analysis.rank applies: a 700 tok/s config with one trial lost to a daemon ranks above a
+    500 tok/s config; with that trial an OOM (measurement) it ranks below every config that never failed."""
+    base = [trial("fast", i, 700.0 + i) for i in range(3)] + [trial("slow", i, 500.0 + i) for i in range(3)]
+    lost = rank([*base, failed("fast", 3, "transport")], RankingPolicy())["lp"]
+    assert [r.config_id for r in lost] == ["fast", "slow"]
+    assert (lost[0].n_failed, lost[0].n_lost, lost[0].status) == (1, 1, "ok")
+    oom = rank([*base, failed("fast", 3, "measurement")], RankingPolicy())["lp"]
+    assert [r.config_id for r in oom] == ["slow", "fast"] and oom[1].n_lost == 0
+    never = rank([*base, failed("gone", 0, "measurement")], RankingPolicy())["lp"]
+    assert [r.config_id for r in never] == ["fast", "slow", "gone"]
+
+
+def test_the_tier_rule_is_one_rule_for_bools_and_arrays() -> None:
+    import numpy as np
+
+    from servetune.ranking import FAILS, MEETS, MISSES, NO_DATA, tier
+    cases = [(True, False, False, MEETS), (True, False, True, MEETS + FAILS), (True, True, False, MISSES),
+             (True, True, True, MISSES + FAILS), (False, False, True, NO_DATA), (False, True, False, NO_DATA)]
+    for has, miss, fail, want in cases:
+        assert tier(has, miss, fail) == want
+    arr = tier(*(np.array([c[i] for c in cases]) for i in range(3)))
+    assert arr.tolist() == [c[3] for c in cases]

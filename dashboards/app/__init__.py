@@ -49,6 +49,7 @@ _STYLE = """
 .st-claim {display: inline-block; padding: 2px 8px; border-radius: 10px; font-size: 0.85em; margin: 2px 0;}
 .st-claim-effect {background: #e3f5e1; color: #1d6b16;}
 .st-claim-association {background: #eef; color: #334;}
+.st-claim-weak {background: #fff3d6; color: #7a5200;}
 .st-error {background: #fdecea; border-left: 4px solid #d33; padding: 4px 8px;}
 table.st-table {border-collapse: collapse; font-size: 0.9em;}
 table.st-table td, table.st-table th {border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left;}
@@ -229,11 +230,19 @@ def on_result(fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:
     fut.add_done_callback(lambda f: doc.add_next_tick_callback(lambda: fn(f)))
 
 
-def claim_html(claim: Any) -> str:
-    """The causal/associational label of an analysis result, with its reason."""
+#: caveats under which a green "causal effect" badge would overclaim: the model behind the numbers fits poorly
+_BADGE_YIELDS_TO = frozenset({"poor_fit"})
+
+
+def claim_html(claim: Any, warnings: Any = ()) -> str:
+    """The causal/associational label of an analysis result, with its reason; an effect badge yields
+    (amber, "effect, model fits poorly") when the result's ``warnings`` include ``poor_fit``."""
     kind = getattr(claim, "kind", "association")
     why = getattr(claim, "why", "")
     word = "causal effect" if kind == "effect" else "association"
+    if kind == "effect" and any(getattr(w, "code", "") in _BADGE_YIELDS_TO for w in warnings or ()):
+        kind, word = "weak", "effect, model fits poorly"
+        why = f"{why}; but the model behind these numbers fits poorly (poor_fit), so treat them as rough"
     return f"<span class='st-claim st-claim-{kind}' title='{_esc(why)}'>{word}</span> <span class='st-note'>{_esc(why)}</span>"
 
 

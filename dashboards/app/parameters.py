@@ -53,7 +53,7 @@ def importance_view(r: ImportanceResult) -> Any:
     table = "".join(f"<tr><td>{p.rank}</td><td>{esc(p.name)}</td><td>{_iv(p.permutation)}</td><td>{_iv(p.shap)}</td>"
                     f"<td class='st-verdict-{'yes' if p.verdict == 'important' else 'no'}'>{esc(p.verdict)}</td></tr>"
                     for p in r.parameters)
-    info = (f"<div class='st-section-done' data-section='importance'>{claim_html(r.claim)}</div>"
+    info = (f"<div class='st-section-done' data-section='importance'>{claim_html(r.claim, r.warnings)}</div>"
             f"<div class='st-note'>{r.n_trials} trials, {r.n_boot} bootstrap refits (resampling {r.resampled}); "
             f"out-of-bag R² {r.oob_r2:.2f}; {esc(r.method)}</div>{warnings_html(r.warnings)}"
             f"<table class='st-table'><tr><th>#</th><th>parameter</th><th>permutation</th><th>mean |SHAP|</th>"
@@ -77,7 +77,7 @@ def pd_view(r: PDResult) -> Any:
             vdims=["estimate", "neg", "pos"])
     plot = plot.opts(hv.opts.Overlay(width=520, height=300, title=f"partial dependence of {r.metric} ({r.scale})",
                                      show_legend=False))
-    info = (f"<div class='st-section-done' data-section='pd'>{claim_html(r.claim)}</div>"
+    info = (f"<div class='st-section-done' data-section='pd'>{claim_html(r.claim, r.warnings)}</div>"
             f"<p>{esc(r.sentence or '')}</p><div class='st-note'>{r.n_boot} bootstrap refits; ICE curves in grey; "
             f"only the sampled range is shown</div>{warnings_html(r.warnings)}")
     return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
@@ -95,7 +95,7 @@ def interactions_view(r: InteractionResult) -> Any:
         parts.append(pn.pane.HoloViews(hv.HeatMap(cells, [top.params[0], top.params[1]], ["median", "trials"]).opts(
             width=420, height=300, tools=["hover"], colorbar=True, cmap="viridis",
             title=f"observed median {r.metric} by cell")))
-    info = (f"<div class='st-section-done' data-section='interactions'>{claim_html(r.claim)}</div>"
+    info = (f"<div class='st-section-done' data-section='interactions'>{claim_html(r.claim, r.warnings)}</div>"
             f"<div class='st-note'>{r.n_pairs_computed} of {r.n_pairs_total} pairs; H² from {r.n_boot} refits; "
             f"{esc(r.method)}</div>{warnings_html(r.warnings)}"
             f"<table class='st-table'><tr><th>pair</th><th>H²</th><th>strength</th><th>SHAP interaction</th>"
