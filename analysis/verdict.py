@@ -33,7 +33,7 @@ from analysis.common import Interval, percentile_interval
 from analysis.main_effects import MainEffect, main_effects_from
 from analysis.surrogate import Surrogate, predict
 
-__all__ = ["VERDICT_BOOT", "ParameterVerdict", "Verdict", "parameter_verdicts", "permutation_matrix"]
+__all__ = ["VERDICT_BOOT", "ParameterVerdict", "Verdict", "beats_probe", "parameter_verdicts", "permutation_matrix"]
 
 Verdict = Literal["important", "indistinguishable from noise", "probe"]
 #: bootstrap refits whose permutation importances decide the forest's half of the verdict
@@ -95,6 +95,14 @@ def permutation_matrix(sur: Surrogate, n_boot: int, perm_rows: int = 800) -> tup
     return perm, r2
 
 
+def beats_probe(param: np.ndarray, probe: np.ndarray) -> tuple[bool, Interval]:
+    """The forest's half of the verdict from paired per-refit permutation importances: the 95%
+    interval of (parameter - probe) and whether it lies above zero. Never against zero alone: a
+    noise column the forest splits on scores above zero too, which the probe's score shows."""
+    diff = percentile_interval(np.asarray(param, dtype=float) - np.asarray(probe, dtype=float))
+    return bool(math.isfinite(diff.low) and diff.low > 0), diff
+
+
 def parameter_verdicts(sur: Surrogate, grid_points: int = 12) -> dict[str, ParameterVerdict]:
     """The verdict on every feature of ``sur`` (cached on it); see the module docstring."""
     if grid_points in sur._verdicts:
@@ -104,9 +112,8 @@ def parameter_verdicts(sur: Surrogate, grid_points: int = 12) -> dict[str, Param
     me = main_effects_from(sur, grid_points)
     out: dict[str, ParameterVerdict] = {}
     for j, feat in enumerate(sur.features):
-        diff = percentile_interval(perm[valid, j] - perm[valid, sur.probe_index])
+        forest, diff = beats_probe(perm[valid, j], perm[valid, sur.probe_index])
         eff = me.get(feat.name)
-        forest = math.isfinite(diff.low) and diff.low > 0
         regression = eff is not None and eff.change.excludes(0.0)
         reasons = []
         if regression and eff is not None:
