@@ -160,6 +160,18 @@ def _ols(y: np.ndarray, design: np.ndarray, groups: np.ndarray, n_configs: int) 
         return OLS(y, design).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
 
 
+def _joint_p(res: Any, start: int, stop: int) -> float:
+    """p-value of the joint Wald test (clustered covariance) that coefficients start..stop-1 are 0."""
+    R = np.zeros((stop - start, len(res.params)))
+    R[np.arange(stop - start), np.arange(start, stop)] = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return float(res.f_test(R).pvalue)
+        except (ValueError, np.linalg.LinAlgError):
+            return math.nan
+
+
 def _blocks(sur: Surrogate, grid_points: int, linear: bool) -> list[_Block] | None:
     out = []
     for f in sur.features:
@@ -270,15 +282,7 @@ def _fit(sur: Surrogate, grid_points: int, pairs: list[tuple[str, str]], level: 
             lo, est, hi = (float(sur.to_metric(x)) for x in (iv.low, iv.estimate, iv.high))
             levels_iv.append(Interval(est, lo, hi, level) if sur.log_target else iv)
         change = interval(Ls[-1] - Ls[0], sur.log_target)
-        span = spans[j]
-        R = np.zeros((span.stop - span.start, len(beta)))
-        R[np.arange(span.stop - span.start), np.arange(span.start, span.stop)] = 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                p_value = float(res.f_test(R).pvalue)
-            except (ValueError, np.linalg.LinAlgError):
-                p_value = math.nan
+        p_value = _joint_p(res, spans[j].start, spans[j].stop)
         out.append(MainEffect(b.feature.name, grid_values(b.feature, knots), levels_iv, change, p_value))
     return MainEffectsResult(sur.metric, sur.target, sur.log_target, coding, len(sur.y), n_configs,
                              int(design.shape[1]), float(res.rsquared), pairs, out, method, notes.warnings, blocks)
@@ -343,14 +347,7 @@ def _pair_strength(sur: Surrogate, me: MainEffectsResult, j: int, k: int, S: np.
     beta = np.asarray(res.params, dtype=float)
     cov = np.asarray(res.cov_params(), dtype=float)
     n_pair = design.shape[1] - _design(blocks, X[:1], [])[0].shape[1]
-    R = np.zeros((n_pair, len(beta)))
-    R[np.arange(n_pair), np.arange(len(beta) - n_pair, len(beta))] = 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            p_value = float(res.f_test(R).pvalue)
-        except (ValueError, np.linalg.LinAlgError):
-            p_value = math.nan
+    p_value = _joint_p(res, len(beta) - n_pair, len(beta))
     Sx = S[:, :len(sur.features)]
     pairs = [(j, k)]
 
