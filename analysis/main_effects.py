@@ -140,7 +140,7 @@ def _supported(design: np.ndarray, groups: np.ndarray, n_configs: int) -> bool:
     if n_configs < CONFIGS_PER_COLUMN * design.shape[1]:
         return False
     ev = np.linalg.eigvalsh(design.T @ design)  # rank from the small Gram matrix: cheaper than an SVD of design
-    if not ev.min() > ev.max() * 1e-12:
+    if not ev.min() > ev.max() * 1e-10:
         return False
     for c in range(1, design.shape[1]):
         if len(np.unique(groups[design[:, c] != 0])) < 3:
