@@ -153,6 +153,20 @@ def percentile_interval(samples: Sequence[float] | np.ndarray, estimate: float |
     return Interval(est, float(lo), float(hi), level)
 
 
+def interval_around(samples: Sequence[float] | np.ndarray, estimate: float, level: float = 0.95,
+                    lower: float = -math.inf, upper: float = math.inf) -> Interval:
+    """A bootstrap interval built around ``estimate``: estimate +- the ``level`` quantile of
+    |sample - estimate| (symmetric, so it always holds the estimate, and wider when the replicates
+    sit off it, e.g. when the estimator is biased), clipped to ``[lower, upper]`` (a share cannot
+    fall below 0). NaN bounds without finite samples."""
+    arr = np.asarray(samples, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0 or not math.isfinite(estimate):
+        return Interval(float(estimate), math.nan, math.nan, level)
+    half = float(np.quantile(np.abs(arr - estimate), level))
+    return Interval(float(estimate), max(lower, estimate - half), min(upper, estimate + half), level)
+
+
 def jsonable(obj: Any) -> Any:
     """Plain JSON values from dataclasses, numpy scalars/arrays, tuples and dicts (NaN/inf -> None)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -8,14 +8,23 @@ observed minimum and maximum; nothing is extrapolated beyond the sampled range.
 
 Values are reported on the metric's scale: with a log target the PD is ``exp`` of the mean log
 prediction, i.e. a geometric mean of the metric. ICE curves (one per sampled trial, same scale)
-show whether the average hides opposite movements (they come from the primary fit). Bands are 95%
-percentile intervals over the PDs of the bootstrap refits (which resample configs when repeats
-exist, else trials), and the reported PD is the median of those PDs, so the band always holds it
-(the primary fit's PD sits close to it but, being one fit, can fall just outside a percentile band;
-with ``n_boot=0`` it is reported, without bands). The 1-D
-result also carries the change from the lowest to the highest grid value (relative when the target
-is a log) with its bootstrap interval, and a sentence worded as an effect or as an association
-according to the design (:func:`analysis.common.claim_for`).
+show whether the average hides opposite movements (they come from the primary fit).
+
+Intervals (``bands`` says which): forests shrink small effects towards zero, so the spread of
+the forest's refits does not cover a small true effect. For one parameter, whenever the
+main-effects regression (:mod:`analysis.main_effects`: OLS with config-clustered standard errors,
+the same rows and target) can be fitted, the reported curve and its 95% bands are that
+regression's partial dependence at each grid value (``bands="regression"``), the headline
+``change`` from the first to the last grid value (relative when the target is a log) is its
+average marginal effect with its interval, and ``surrogate_estimate`` keeps the forest's PD (the
+shape, which can show interactions and curvature the additive model averages out). Otherwise
+(too few configs, or a two-parameter PD) the curve is the forest's and its bands are built around
+that estimate from ``n_boot`` refits (which resample configs when repeats exist): estimate +- the
+95th percentile of |refit - estimate|, so they hold the estimate, with a ``forest_bands`` caveat
+saying they can miss small effects. Each interval holds its estimate. The 1-D result carries the
+parameter's one verdict (:func:`analysis.verdict.parameter_verdicts`, the same as importance
+reports), and a sentence worded as an effect or as an association according to the design
+(:func:`analysis.common.claim_for`) that states the change and the verdict.
 """
 
 from __future__ import annotations
@@ -38,9 +47,10 @@ from analysis.common import (
     claim_for,
     context_of,
     effect_sentence,
-    percentile_interval,
+    interval_around,
 )
 from analysis.frame import AnalysisInputError
+from analysis.main_effects import main_effects_from
 from analysis.surrogate import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TREES,
@@ -52,6 +62,7 @@ from analysis.surrogate import (
     pd_curve,
     sample_rows,
 )
+from analysis.verdict import parameter_verdicts
 
 __all__ = ["PDResult", "claim_for", "effect_sentence", "partial_dependence", "partial_dependence_all"]
 
@@ -62,12 +73,15 @@ class PDResult:
 
     ``grid`` holds each parameter's grid values. For one parameter ``estimate``/``low``/``high``
     are lists over the grid and ``ice`` is one curve per sampled trial; for two they are matrices
-    (first parameter's values down, second's across) and ``ice`` is empty. ``estimate`` is the
-    median and ``low``/``high`` the 95% percentile band of the refits' PDs (the primary fit's PD
-    and NaN bands when ``n_boot`` is 0). ``scale`` says what the numbers are (a geometric mean when
-    the surrogate's target is a log). ``change`` (1-D only) is the change from the first to the
-    last grid value with its bootstrap interval, ``relative`` when it is a ratio minus one;
-    ``sentence`` words it as the ``claim`` allows.
+    (first parameter's values down, second's across) and ``ice`` is empty. ``bands`` says where
+    ``estimate``/``low``/``high`` come from: ``regression`` (the main-effects regression's PD and
+    95% intervals) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
+    ``n_boot`` is 0); ``surrogate_estimate`` is always the forest's PD. ``scale`` says what the
+    numbers are (a geometric mean when the target is a log). ``change`` (1-D only) is the change
+    from the first to the last grid value with its 95% interval, ``relative`` when it is a ratio
+    minus one, and ``p_value`` the regression's joint test of no main effect (None for forest
+    bands); ``verdict`` and ``why`` are the parameter's one verdict and its evidence; ``sentence``
+    words the change as the ``claim`` allows and states the verdict.
     """
 
     metric: str
@@ -87,6 +101,11 @@ class PDResult:
     hardware_class: str | None
     warnings: list[Caveat] = field(default_factory=list)
     subsampled: list[Subsample] = field(default_factory=list)
+    surrogate_estimate: list[Any] = field(default_factory=list)
+    bands: str = "forest"
+    verdict: str | None = None
+    why: str | None = None
+    p_value: float | None = None
 
 
 def _claim(sur: Surrogate, ds: xr.Dataset, names: Sequence[str]) -> Claim:
@@ -106,7 +125,8 @@ def partial_dependence(ds: xr.Dataset, params: str | Sequence[str], metric: str 
         metric: default the ranking objective.
         load_point, hardware_class: analyse within one scenario (otherwise pooled; see
             :mod:`analysis.surrogate`).
-        n_boot: bootstrap refits for the bands (0: no bands, NaN bounds).
+        n_boot: bootstrap refits for the forest's bands, used only where the regression's intervals
+            are not (0: no bands, NaN bounds; the result's ``n_boot`` says how many were used).
         grid_points: most grid values for a many-valued numeric parameter.
         ice: return ICE curves (1-D only) for at most ``ice_rows`` trials.
         seed: seeds the surrogate, the row samples and the refits.
@@ -163,16 +183,15 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
         return preds.mean(axis=1), preds
 
     est_t, preds = curve(sur.model)
-    boots = np.array([curve(fit.model)[0] for fit in sur.boot_fits(max(0, int(n_boot)))]) if n_boot > 0 else \
-        np.empty((0, len(grid)))
+    verdict_of = parameter_verdicts(sur, grid_points)[names[0]] if len(cols) == 1 else None
+    eff = verdict_of.main_effect if verdict_of is not None else None
+    regression = eff is not None and len(eff.level_effects) == len(grid)
+    # the forest's refits only where they give the bands (they cost most of the time here)
+    boots = np.array([curve(fit.model)[0] for fit in sur.boot_fits(max(0, int(n_boot)))]) \
+        if n_boot > 0 and not regression else np.empty((0, len(grid)))
     boot_m = sur.to_metric(boots)
-    if len(boot_m):
-        est = np.median(boot_m, axis=0)
-        low = np.quantile(boot_m, 0.025, axis=0)
-        high = np.quantile(boot_m, 0.975, axis=0)
-    else:
-        est = sur.to_metric(est_t)
-        low = high = np.full(len(grid), np.nan)
+    forest = sur.to_metric(est_t)
+    est, low, high = forest, *_around(forest, boot_m)
     ice_curves: list[list[float]] = []
     if ice and len(cols) == 1:
         pick = sample_rows(len(rows), ice_rows, np.random.default_rng([sur.seed, 4]))
@@ -184,37 +203,64 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
         f"mean of {sur.metric}"
     change: Interval | None = None
     sentence: str | None = None
-    if len(cols) == 1:
+    verdict: str | None = None
+    why: str | None = None
+    p_value: float | None = None
+    bands = "forest"
+    if verdict_of is not None:
         shape: tuple[int, ...] = (len(axes[0]),)
-        if len(est) >= 2:
-            change = _change(sur, est, boot_m)
+        verdict, why = verdict_of.verdict, verdict_of.why
+        if regression and eff is not None:
+            bands = "regression"
+            est = np.array([iv.estimate for iv in eff.level_effects])
+            low = np.array([iv.low for iv in eff.level_effects])
+            high = np.array([iv.high for iv in eff.level_effects])
+            change, p_value = eff.change, eff.p_value
+        elif len(est) >= 2:
+            change = _change(sur, forest, boot_m)
+        if change is not None:
             ctx = context_of(ds, sur.load_point)
             if sur.hardware_class is not None:
                 ctx = dataclasses.replace(ctx, hardware=sur.hardware_class)
             sentence = effect_sentence(claim, ctx, names[0], values[0][0], values[0][-1], sur.metric, change,
-                                       relative=sur.log_target)
+                                       relative=sur.log_target) + f"; verdict: {verdict} ({why})"
+        notes.warnings.extend(main_effects_from(sur, grid_points).warnings)
     else:
         shape = (len(axes[0]), len(axes[1]))
+    if bands == "forest" and len(boot_m):
+        notes.warn("forest_bands", "these intervals are the spread of the forest's bootstrap refits around its "
+                   "estimate: forests shrink small effects towards zero, so they can miss a small true effect"
+                   + ("" if len(cols) == 2 else " (the main-effects regression, whose intervals do not, could not "
+                      "be fitted here)"), ",".join(names))
     return PDResult(
         metric=sur.metric, params=names, grid=values, estimate=est.reshape(shape).tolist(),
         low=low.reshape(shape).tolist(), high=high.reshape(shape).tolist(), ice=ice_curves, scale=scale,
         n_boot=int(len(boot_m)), claim=claim, change=change, relative=sur.log_target, sentence=sentence,
         load_point=sur.load_point, hardware_class=sur.hardware_class, warnings=notes.warnings,
-        subsampled=notes.subsampled)
+        subsampled=notes.subsampled, surrogate_estimate=forest.reshape(shape).tolist(), bands=bands,
+        verdict=verdict, why=why, p_value=p_value)
+
+
+def _around(est: np.ndarray, boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """95% bands built around ``est``: est +- the 95th percentile of |refit - est| per point
+    (symmetric, so they always hold the estimate, and widened when the refits sit off it); NaN
+    without refits."""
+    if not len(boot):
+        return np.full(est.shape, np.nan), np.full(est.shape, np.nan)
+    half = np.quantile(np.abs(boot - est[None, :]), 0.95, axis=0)
+    return est - half, est + half
 
 
 def _change(sur: Surrogate, est: np.ndarray, boot_m: np.ndarray) -> Interval:
-    """Last minus first grid value (ratio minus one with a log target): the median and 95%
-    percentile interval over the refits, or the primary fit's value without refits."""
+    """Last minus first grid value of the forest's PD (ratio minus one with a log target), with a
+    95% interval around it (:func:`analysis.common.interval_around`), or the bare value without refits."""
     if sur.log_target:
         point = float(est[-1] / est[0] - 1.0)
         samples = boot_m[:, -1] / boot_m[:, 0] - 1.0 if len(boot_m) else np.empty(0)
     else:
         point = float(est[-1] - est[0])
         samples = boot_m[:, -1] - boot_m[:, 0] if len(boot_m) else np.empty(0)
-    if len(samples) == 0:
-        return Interval(point, float("nan"), float("nan"))
-    return percentile_interval(samples)
+    return interval_around(samples, point)
 
 
 def _unobserved(sur: Surrogate, cols: list[int], axes: list[np.ndarray], notes: Notes) -> None:

@@ -12,33 +12,39 @@ measures:
   target units (a subsampling note says how many).
 
 Each parameter gets the median and 95% percentile interval of both over the fits. The random
-probe column (fresh noise each fit) gets the same. The verdict compares each parameter with the
-probe *within each fit* (paired, so the fit-to-fit variation both share cancels): ``vs_probe`` is
-the 95% interval of (parameter's permutation importance - probe's) over the fits, and the verdict
-is ``important`` when that interval lies above zero, i.e. the parameter beat the noise column in
-at least 97.5% of the refits; otherwise ``indistinguishable from noise``. (A stricter rule,
-"the parameter's interval lies above the probe's upper bound", wastes power: the unpaired
-intervals both carry the shared fit-to-fit variation.)
+probe column (fresh noise each fit) gets the same. The forest's evidence compares each parameter
+with the probe *within each fit* (paired, so the fit-to-fit variation both share cancels):
+``vs_probe`` is the 95% interval of (parameter's permutation importance - probe's) over the first
+:data:`~analysis.verdict.VERDICT_BOOT` fits; above zero means the parameter beat the noise column
+in at least 97.5% of them. (A stricter rule, "the parameter's interval lies above the probe's upper
+bound", wastes power: the unpaired intervals both carry the shared fit-to-fit variation.) The
+``verdict`` is the parameter's one verdict from :func:`analysis.verdict.parameter_verdicts`, which
+also counts the main-effects regression (:mod:`analysis.main_effects`): forests shrink small
+effects, a regression with config-clustered intervals does not. The partial dependence reports the
+same verdicts.
 
 Minimum-data caveats: ``too_few_trials`` (fewer than 10 trials per parameter), ``poor_fit``
-(out-of-bag R² below 0.5, value stated), ``aliased`` (two parameters determining each other or
-correlated beyond |r| = 0.95 in the sample, or a parameter constant within the filter).
+(R² held out by config below 0.5, value stated; :func:`analysis.surrogate.grouped_r2`), ``aliased``
+(two parameters determining each other or correlated beyond |r| = 0.95 in the sample, or a
+parameter constant within the filter), ``too_few_configs`` / ``linear_main_effects`` (the
+regression could not be fitted, or only with linear main effects).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
+from analysis.main_effects import main_effects_from
 from analysis.surrogate import DEFAULT_MAX_ROWS, DEFAULT_TREES, PROBE, Surrogate, fit_surrogate, fit_warnings
-
-Verdict = Literal["important", "indistinguishable from noise", "probe"]
+from analysis.verdict import VERDICT_BOOT, Verdict, parameter_verdicts, permutation_matrix
 
 __all__ = ["ImportanceResult", "ParameterImportance", "claim_for", "importance"]
 
@@ -48,7 +54,11 @@ class ParameterImportance:
     """One parameter's importance: ``permutation`` (drop in held-out R² of the target when
     shuffled) and ``shap`` (mean |SHAP| in target units), each median [95% interval] over the
     bootstrap fits; ``vs_probe`` is the interval of its permutation importance minus the probe's
-    (paired by fit) and ``verdict`` is ``important`` when that interval lies above zero."""
+    (paired by fit, over the first :data:`~analysis.verdict.VERDICT_BOOT` refits). ``verdict`` is the
+    parameter's one verdict (:func:`analysis.verdict.parameter_verdicts`: important when that
+    interval lies above zero or the main-effects regression's interval excludes no change),
+    ``why`` its evidence in words and ``main_effect`` the regression's change from the first to
+    the last level (None when it could not be estimated)."""
 
     name: str
     permutation: Interval
@@ -56,6 +66,8 @@ class ParameterImportance:
     verdict: Verdict
     vs_probe: Interval
     rank: int = 0
+    why: str = ""
+    main_effect: Interval | None = None
 
 
 @dataclass(frozen=True)
@@ -91,17 +103,6 @@ class ImportanceResult:
     @property
     def important(self) -> list[str]:
         return [p.name for p in self.parameters if p.verdict == "important"]
-
-
-def _permutation(model: Any, X: np.ndarray, y: np.ndarray, var: float, rng: np.random.Generator) -> np.ndarray:
-    """Drop in R² per column when that column alone is shuffled (one batched prediction)."""
-    n, k = X.shape
-    big = np.tile(X, (k + 1, 1))
-    for j in range(k):
-        big[(j + 1) * n:(j + 2) * n, j] = X[rng.permutation(n), j]
-    pred = np.asarray(model.predict(big), dtype=float).reshape(k + 1, n)
-    mse = ((pred - y[None, :]) ** 2).mean(axis=1)
-    return (mse[1:] - mse[0]) / var
 
 
 def _mean_abs_shap(model: Any, X: np.ndarray) -> np.ndarray:
@@ -146,27 +147,17 @@ def importance_from(sur: Surrogate, ds: xr.Dataset, n_boot: int = 100, shap_rows
     n_boot = max(1, int(n_boot))
     fits = sur.boot_fits(n_boot)
     k = sur.X.shape[1]
-    perm = np.full((n_boot, k), np.nan)
+    perm, r2 = permutation_matrix(sur, n_boot, perm_rows)
     shp = np.full((n_boot, k), np.nan)
-    r2 = np.full(n_boot, np.nan)
-    var = float(np.var(sur.y))
-    var = var if var > 0 else 1.0
     max_held, max_perm, max_shap = 0, 0, 0
     for i, fit in enumerate(fits):
-        rng = np.random.default_rng([sur.seed, 2, i])
-        held = fit.heldout
-        if len(held) < 2:
+        _, _, n_held, n_perm = sur._permutations[(i, perm_rows)]
+        if n_held < 2:
             continue
-        max_held = max(max_held, len(held))
-        prows = held if len(held) <= perm_rows else np.sort(rng.choice(held, perm_rows, replace=False))
-        max_perm = max(max_perm, len(prows))
-        Xh = sur.X[prows].copy()
-        Xh[:, sur.probe_index] = fit.probe[prows]
-        yh = sur.y[prows]
-        perm[i] = _permutation(fit.model, Xh, yh, var, rng)
-        pred = np.asarray(fit.model.predict(Xh), dtype=float)
-        r2[i] = 1.0 - float(((pred - yh) ** 2).mean()) / var
-        srows = prows if len(prows) <= shap_rows else np.sort(rng.choice(prows, shap_rows, replace=False))
+        max_held, max_perm = max(max_held, n_held), max(max_perm, n_perm)
+        rng = np.random.default_rng([sur.seed, 7, i])
+        held = fit.heldout
+        srows = held if len(held) <= shap_rows else np.sort(rng.choice(held, shap_rows, replace=False))
         max_shap = max(max_shap, len(srows))
         Xs = sur.X[srows].copy()
         Xs[:, sur.probe_index] = fit.probe[srows]
@@ -179,23 +170,24 @@ def importance_from(sur: Surrogate, ds: xr.Dataset, n_boot: int = 100, shap_rows
     if valid.sum() < n_boot:
         notes.warn("few_heldout", f"{int(n_boot - valid.sum())} of {n_boot} bootstrap fits left fewer than 2 "
                    "units out and were skipped")
+    verdicts = parameter_verdicts(sur)
+    notes.warnings.extend(main_effects_from(sur).warnings)
     probe_perm = percentile_interval(perm[valid, sur.probe_index])
     zero = percentile_interval(np.zeros(int(valid.sum())))
     probe = ParameterImportance(PROBE, probe_perm, percentile_interval(shp[valid, sur.probe_index]), "probe", zero)
     entries: list[ParameterImportance] = []
     for j, feat in enumerate(sur.features):
-        pi = percentile_interval(perm[valid, j])
-        diff = percentile_interval(perm[valid, j] - perm[valid, sur.probe_index])
-        verdict: Verdict = ("important" if math.isfinite(diff.low) and diff.low > 0
-                            else "indistinguishable from noise")
-        entries.append(ParameterImportance(feat.name, pi, percentile_interval(shp[valid, j]), verdict, diff))
+        v = verdicts[feat.name]
+        entries.append(ParameterImportance(feat.name, percentile_interval(perm[valid, j]),
+                                           percentile_interval(shp[valid, j]), v.verdict, v.vs_probe,
+                                           why=v.why, main_effect=v.main_effect.change if v.main_effect else None))
     entries.sort(key=lambda e: -e.permutation.estimate if math.isfinite(e.permutation.estimate) else math.inf)
-    entries = [ParameterImportance(e.name, e.permutation, e.shap, e.verdict, e.vs_probe, r + 1)
-               for r, e in enumerate(entries)]
+    entries = [dataclasses.replace(e, rank=r + 1) for r, e in enumerate(entries)]
     method = (f"random forest ({sur.n_trees} trees) on {sur.target}; {n_boot} bootstrap refits resampling "
               f"{sur.resampled}; permutation importance = drop in held-out R² when a column is shuffled; "
               "SHAP = mean |SHAP value| (TreeExplainer) on held-out rows; 'important' when the 95% interval of "
-              "(permutation importance - the random probe's, paired by fit) lies above zero")
+              f"(permutation importance - the random probe's, paired by fit, over {VERDICT_BOOT} refits) lies above "
+              "zero or the main-effects regression's 95% interval (config-clustered) excludes no change")
     return ImportanceResult(
         metric=sur.metric, target=sur.target, load_point=sur.load_point, hardware_class=sur.hardware_class,
         n_trials=sur.n_trials, n_boot=n_boot, resampled=sur.resampled, oob_r2=sur.oob_r2,

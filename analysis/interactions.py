@@ -10,8 +10,14 @@ For each pair of parameters :func:`interactions` reports
   the same sample) evaluated at each sampled trial's own values and centred over the sample,
   ``H² = sum((PD_jk - PD_j - PD_k)²) / sum(PD_jk²)``: the share of the pair's joint effect that
   is not the sum of the two main effects (0 = additive). The estimate is the primary fit's; its
-  interval is the 95% percentile range over ``n_boot`` bootstrap refits (same row sample), which
-  for a pair with no real interaction can sit away from the estimate (both are then noise). H² is relative: for two parameters that
+  95% interval is built around it from ``n_boot`` bootstrap refits on the same row sample
+  (estimate +- the 95th percentile of |refit - estimate|, clipped to [0, 1]), so it always holds
+  the estimate and widens when the refits sit off it. Forests shrink interactions (a planted
+  strength of 0.057 came out 0.010), so whenever the main-effects regression
+  (:mod:`analysis.main_effects`) can also carry the pair's product columns, the reported H² and
+  strength are that regression's (:func:`analysis.main_effects.pair_strength`: the same formulas
+  on the fitted linear model, intervals from its config-clustered covariance) and the forest's
+  values are kept beside them (``source`` says which). H² is relative: for two parameters that
   barely matter, the joint PD is the model's noise and H² a ratio of two tiny numbers that can
   come out anywhere in [0, 1]. So each pair also gets its **strength**: the same numerator divided
   by the variance of the surrogate's predictions over the sample (the share of all predicted
@@ -39,8 +45,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
+from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, interval_around
 from analysis.frame import AnalysisInputError
+from analysis.main_effects import pair_strength
 from analysis.surrogate import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TREES,
@@ -50,6 +57,7 @@ from analysis.surrogate import (
     fit_surrogate,
     fit_warnings,
     pd_curve,
+    predict,
     sample_rows,
 )
 
@@ -74,8 +82,11 @@ class Cell:
 
 @dataclass(frozen=True)
 class PairInteraction:
-    """One pair: ``h2`` (Friedman's H², estimate from the surrogate, interval from the refits),
-    ``strength`` (the interaction's share of all predicted variation, same intervals),
+    """One pair: ``h2`` (Friedman's H²) and ``strength`` (the interaction's share of all predicted
+    variation), each with a 95% interval that holds its estimate, from ``source``: ``regression``
+    (:func:`analysis.main_effects.pair_strength`, calibrated) or ``forest`` (the surrogate, interval
+    from its refits); ``surrogate_h2``/``surrogate_strength`` are always the forest's values and
+    ``p_value`` the regression's test of no interaction (None for ``forest``);
     ``joint_share`` (the pair's whole joint PD's share of it), ``shap_interaction`` (mean total |SHAP interaction| in target units), the observed ``cells``,
     the pair's Spearman correlation in the sample, and its caveats."""
 
@@ -87,6 +98,10 @@ class PairInteraction:
     spearman: float
     cells: list[Cell]
     warnings: list[Caveat] = field(default_factory=list)
+    source: str = "forest"
+    surrogate_h2: float = math.nan
+    surrogate_strength: float = math.nan
+    p_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -170,11 +185,17 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
     rows = sample_rows(len(sur.y), h_rows, rng)
     notes.subsample("trials in the H² sample (PD evaluated at and averaged over them)", len(rows), len(sur.y))
     S = sur.X[rows]
-    h_est, s_est, j_est = _h2(sur.model, S, chosen)
-    fits = sur.boot_fits(max(0, int(n_boot))) if n_boot > 0 else []
-    boot = [_h2(f.model, S, chosen) for f in fits]
-    h_boot = np.array([b[0] for b in boot]) if boot else np.empty((0, len(chosen)))
-    s_boot = np.array([b[1] for b in boot]) if boot else np.empty((0, len(chosen)))
+    h_est, s_est, j_est = h2_statistics(sur.model, S, chosen)
+    regression = [pair_strength(sur, j, k, S) for j, k in chosen]
+    # the forest's refits only where the regression cannot give the interval (they cost most)
+    fits = sur.boot_fits(max(0, int(n_boot))) if n_boot > 0 and any(r is None for r in regression) else []
+    need = [c for c, r in zip(chosen, regression) if r is None]
+    boot = [h2_statistics(f.model, S, need) for f in fits]
+    h_boot = np.full((len(boot), len(chosen)), np.nan)
+    s_boot = np.full((len(boot), len(chosen)), np.nan)
+    cols = [i for i, r in enumerate(regression) if r is None]
+    for b, (hb, sb, _) in enumerate(boot):
+        h_boot[b, cols], s_boot[b, cols] = hb, sb
     srows = sample_rows(len(sur.y), shap_rows, np.random.default_rng([sur.seed, 6]))
     notes.subsample("trials explained with SHAP interaction values", len(srows), len(sur.y))
     shap_pair = _shap_pairs(sur.model, sur.X[srows], chosen)
@@ -194,16 +215,30 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
         if thin:
             pair_notes.warn("thin_cells", f"{len(thin)} of {len(cells)} cells of {fj.name} x {fk.name} hold fewer "
                             f"than {THIN} trials ({sum(c.count == 0 for c in thin)} none)", f"{fj.name},{fk.name}")
-        if not j_est[i] >= WEAK_JOINT:
+        ps = regression[i]
+        if ps is not None:
+            h2, strength, share, source = ps.h2, ps.strength, ps.joint_share, "regression"
+        else:
+            h2 = _interval(h_boot[:, i], float(h_est[i]), upper=1.0)
+            strength = _interval(s_boot[:, i], float(s_est[i]))
+            share, source = float(j_est[i]), "forest"
+            if len(h_boot):
+                pair_notes.warn("forest_bands", "too few configs for the regression with this pair's product "
+                                "columns: H² and strength are the forest's, whose refits shrink interactions "
+                                "towards zero, so their intervals can miss a real interaction", f"{fj.name},{fk.name}")
+        if not share >= WEAK_JOINT:
             pair_notes.warn("weak_joint_effect", f"together {fj.name} and {fk.name} move the prediction little "
-                            f"({100 * j_est[i]:.2g}% of its variation), so H² is a ratio of small numbers; read the "
+                            f"({100 * share:.2g}% of its variation), so H² is a ratio of small numbers; read the "
                             "strength instead", f"{fj.name},{fk.name}")
-        h2 = _interval(h_boot[:, i], float(h_est[i]))
-        strength = _interval(s_boot[:, i], float(s_est[i]))
-        out.append(PairInteraction((fj.name, fk.name), h2, strength, float(j_est[i]), float(shap_pair[i]), rho,
-                                   cells, pair_notes.warnings))
+        out.append(PairInteraction((fj.name, fk.name), h2, strength, share, float(shap_pair[i]), rho,
+                                   cells, pair_notes.warnings, source, float(h_est[i]), float(s_est[i]),
+                                   ps.p_value if ps is not None else None))
     out.sort(key=lambda p: -p.strength.estimate if math.isfinite(p.strength.estimate) else math.inf)
+    n_reg = sum(p.source == "regression" for p in out)
     method = (f"pairs sorted by interaction strength (H²'s numerator over the variance of the predictions); "
+              f"{n_reg} of {len(out)} pairs from an OLS of {sur.target} on every main effect plus the pair's "
+              "products (config-clustered covariance; intervals from 400 draws of its coefficients, around the "
+              "estimate), the others from the forest; forest: "
               f"Friedman's H² from a random forest ({sur.n_trees} trees) on {sur.target}, PDs over {len(rows)} "
               f"sampled trials; interval over {len(h_boot)} bootstrap refits resampling {sur.resampled}; SHAP "
               f"interaction = mean 2|phi_jk| on {len(srows)} trials; cells from all {len(df)} analysed trials")
@@ -214,10 +249,10 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
         warnings=notes.warnings, subsampled=notes.subsampled)
 
 
-def _interval(samples: np.ndarray, estimate: float) -> Interval:
-    if len(samples) == 0:
-        return Interval(estimate, math.nan, math.nan)
-    return percentile_interval(samples, estimate=estimate)
+def _interval(samples: np.ndarray, estimate: float, upper: float = math.inf) -> Interval:
+    """95% interval around the primary fit's ``estimate`` from the refits (estimate +- the 95th
+    percentile of |refit - estimate|, within [0, upper]), so it always holds the estimate."""
+    return interval_around(samples, estimate, lower=0.0, upper=upper)
 
 
 def _centred_pd(model: Any, S: np.ndarray, cols: list[int]) -> np.ndarray:
@@ -227,14 +262,14 @@ def _centred_pd(model: Any, S: np.ndarray, cols: list[int]) -> np.ndarray:
     return pdv - pdv.mean()
 
 
-def _h2(model: Any, S: np.ndarray, pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def h2_statistics(model: Any, S: np.ndarray, pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For one model on the sample ``S``, per pair: Friedman's H², the interaction's share of the
     predictions' variation (strength) and the joint PD's share of it."""
     mains: dict[int, np.ndarray] = {}
     h2 = np.full(len(pairs), np.nan)
     strength = np.full(len(pairs), np.nan)
     joint_share = np.full(len(pairs), np.nan)
-    pred = np.asarray(model.predict(S), dtype=float)
+    pred = predict(model, S)
     total = float(((pred - pred.mean()) ** 2).sum())
     for i, (j, k) in enumerate(pairs):
         for c in (j, k):

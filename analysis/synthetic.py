@@ -14,6 +14,10 @@ backend, and the attribute ``synthetic`` is 1 so it can never pass for a real ru
 - no-effect parameters (``enable_prefix_caching``, ``enforce_eager``, ``dtype``, ``seed``,
   ``kv_cache_dtype``, ``max_model_len``, ``tensor_parallel_size``);
 - optional baseline re-runs and a planted drift (a step change after a fraction of the run).
+
+``effects=``, ``interaction=`` and ``interaction_size=`` plant another surface (e.g. a +3% effect of
+``enable_prefix_caching``: ``effects={**EFFECTS, "enable_prefix_caching": math.log(1.03)}``); the
+:class:`Truth` then describes that surface and :meth:`Truth.log_throughput` evaluates it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ class Truth:
     drift_at: float | None
     drift_size: float
     effects: dict[str, float] = field(default_factory=dict)
+    interaction_size: float = INTERACTION_SIZE
+
+    def log_throughput(self, cfg: dict[str, Any]) -> float:
+        """The planted noise-free log output throughput of ``cfg`` on this truth's surface."""
+        return log_throughput(cfg, self.effects, self.interaction, self.interaction_size)
 
     def in_failure_region(self, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("gpu_memory_utilization", 0.9) >= 0.95 and cfg.get("max_num_seqs", 16) >= 128)
@@ -81,15 +90,20 @@ def _z(name: str, value: Any) -> float:
     return (math.log2(value) - lo) / (hi - lo) if hi > lo else 0.0
 
 
-def log_throughput(cfg: dict[str, Any]) -> float:
-    """The planted noise-free log output throughput of a config (tokens/s)."""
+def log_throughput(cfg: dict[str, Any], effects: dict[str, float] | None = None,
+                   interaction: tuple[str, str] | None = INTERACTION,
+                   interaction_size: float = INTERACTION_SIZE) -> float:
+    """The planted noise-free log output throughput of a config (tokens/s): ``effects`` (default
+    :data:`EFFECTS`: parameter -> change on the log scale from its lowest to its highest level)
+    plus ``interaction_size`` x z(first) x [second is on/at its highest level]."""
     y = math.log(400.0)
-    for name, size in EFFECTS.items():
+    for name, size in (EFFECTS if effects is None else effects).items():
         if name in cfg:
             y += size * _z(name, cfg[name])
-    a, b = INTERACTION
-    if a in cfg and b in cfg:
-        y += INTERACTION_SIZE * _z(a, cfg[a]) * (1.0 if cfg[b] else 0.0)
+    if interaction is not None:
+        a, b = interaction
+        if a in cfg and b in cfg:
+            y += interaction_size * _z(a, cfg[a]) * _z(b, cfg[b])
     return y
 
 
@@ -141,17 +155,26 @@ def planted(
     gpu_hour_prices: dict[str, float] | None = None,
     params: Sequence[str] | None = None,
     seed: int = 0,
+    effects: dict[str, float] | None = None,
+    interaction: tuple[str, str] | None = INTERACTION,
+    interaction_size: float = INTERACTION_SIZE,
 ) -> tuple[xr.Dataset, Truth]:
     """A synthetic experiment (one row per trial, :mod:`servetune.schema`'s shape) and its truth.
 
     ``n_configs`` configs (a full grid ignores it) x ``load_points`` x
     ``repeats`` trials per hardware class; with ``baseline_every`` a baseline config is re-run after
     every that many configs; ``drift_at`` (0..1 of the run) plants a step of ``drift_size`` (log
-    scale) on everything measured after it.
+    scale) on everything measured after it. ``effects`` / ``interaction`` / ``interaction_size``
+    choose the planted surface (defaults: :data:`EFFECTS`, :data:`INTERACTION`,
+    :data:`INTERACTION_SIZE`).
     """
     if not 1 <= n_params <= len(LEVELS):
         raise ValueError(f"n_params must be 1..{len(LEVELS)}, got {n_params}")
     rng = np.random.default_rng(seed)
+    effects = dict(EFFECTS if effects is None else effects)
+    unknown = sorted(set(effects) - set(LEVELS))
+    if unknown:
+        raise ValueError(f"unknown effect parameters {unknown}; known: {', '.join(LEVELS)}")
     names = list(params) if params is not None else list(LEVELS)[:n_params]
     configs = _configs(design, names, n_configs, rng, seed)
     baseline_cfg = {n: LEVELS[n][len(LEVELS[n]) // 2] for n in names}
@@ -179,7 +202,7 @@ def planted(
     n_total = len(order)
     for i, (cfg, lp, rep, bl_run, hw) in enumerate(order):
         lp_index = list(load_points).index(lp)
-        y = log_throughput(cfg) - 0.3 * lp_index + rng.normal(0, noise)
+        y = log_throughput(cfg, effects, interaction, interaction_size) - 0.3 * lp_index + rng.normal(0, noise)
         drifted = drift_at is not None and i >= drift_at * n_total
         if drifted:
             y += drift_size
@@ -191,16 +214,19 @@ def planted(
         elif rng.random() < p_fail and bl_run < 0:
             status, kind, error = "failed", "measurement", "CUDA out of memory (synthetic)"
         rows.append(_row(i, cfg, lp, rep, bl_run, hw, y, status, kind, error, t0 + i * 60_000_000, rng, noise))
+    planted_pair = interaction if interaction is not None and all(n in names for n in interaction) else None
+    acting = {n for n, v in effects.items() if v != 0} | (set(planted_pair) if planted_pair else set())
     truth = Truth(
         params=names,
-        important=[n for n in names if n in EFFECTS],
-        null=[n for n in names if n in NULL_PARAMS],
-        interaction=INTERACTION if all(n in names for n in INTERACTION) else None,
+        important=[n for n in names if n in acting],
+        null=[n for n in names if n not in acting and n != "gpu_memory_utilization"],
+        interaction=planted_pair,
         fail_rate_region=fail_rate_region,
         fail_rate_base=fail_rate_base,
         drift_at=drift_at,
         drift_size=drift_size,
-        effects={n: EFFECTS[n] for n in names if n in EFFECTS},
+        effects={n: effects[n] for n in names if n in effects},
+        interaction_size=interaction_size,
     )
     return _dataset(rows, names, design, randomized, list(hardware_classes), gpu_hour_prices, seed), truth
 

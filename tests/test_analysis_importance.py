@@ -166,3 +166,40 @@ def test_same_seed_same_answer():
     clear_cache()
     b = importance(ds, n_boot=8, seed=3)
     assert jsonable(a) == jsonable(b)
+
+
+def test_the_forest_is_judged_against_the_probe_not_against_zero():
+    from analysis.verdict import beats_probe
+
+    rng = np.random.default_rng(0)
+    # a column the forest splits on but that carries nothing: its permutation importance is above
+    # zero in every refit, and so is the probe's, by as much
+    probe = 0.02 + 0.01 * rng.random(50)
+    noise_column = probe + rng.normal(0, 0.01, 50)
+    assert (noise_column > 0).all()
+    beats, diff = beats_probe(noise_column, probe)
+    assert not beats and diff.low < 0 < diff.high
+    real = probe + 0.05 + rng.normal(0, 0.01, 50)
+    assert beats_probe(real, probe)[0]
+    # on planted data the verdict on a no-effect parameter carries the probe comparison
+    ds, _ = planted(n_configs=200, n_params=6, seed=3)
+    res = importance(ds, n_boot=20, seed=3)
+    null = res.get("enable_prefix_caching")
+    assert null.verdict == "indistinguishable from noise" and null.vs_probe.low <= 0
+    assert "random probe" in null.why
+
+
+def test_a_collapsed_bootstrap_is_caught():
+    ds, _ = planted(n_configs=120, n_params=4, repeats=2, seed=6)
+    res = importance(ds, n_boot=20, seed=0)
+    sur = fit_surrogate(ds, seed=0)
+    fits = sur.boot_fits(20)
+    # every refit resamples afresh: different in-bag weights, different probes, different answers
+    assert len({f.weights.tobytes() for f in fits}) == 20
+    assert len({f.probe.tobytes() for f in fits}) == 20
+    for entry in (*res.parameters, res.probe):
+        assert entry.permutation.low < entry.permutation.high, entry
+        assert entry.shap.low < entry.shap.high, entry
+    top = res.parameters[0]
+    assert top.vs_probe.low < top.vs_probe.high
+    assert res.heldout_r2.low < res.heldout_r2.high

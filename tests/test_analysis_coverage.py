@@ -1,0 +1,114 @@
+"""The stated 95% intervals cover the planted truth at close to 95% (a fast subset of
+``benchmarks/analysis/coverage.py``; SYNTHETIC data from analysis.synthetic, fixed seeds).
+
+Tolerances are binomial: with n intervals of true coverage 0.95 the count covered is below the
+asserted floor with probability under 0.1%, while intervals that are too narrow by a factor of two
+(coverage about 68%) fail by a wide margin."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis.effects import partial_dependence_from
+from analysis.importance import importance_from
+from analysis.main_effects import main_effects_from, pair_strength
+from analysis.surrogate import clear_cache, fit_surrogate, grid_codes, sample_rows
+from analysis.verdict import parameter_verdicts
+from benchmarks.analysis.coverage import SURFACE, TrueModel, dataset, true_levels
+
+LARGE_SEEDS = range(12)
+
+
+def floor(n: int, p: float = 0.95, alpha: float = 0.001) -> int:
+    """The smallest count a calibrated interval reaches with probability 1 - alpha."""
+    return int(stats.binom.ppf(alpha, n, p))
+
+
+@pytest.fixture(scope="module")
+def large():
+    out = []
+    for seed in LARGE_SEEDS:
+        ds, truth = dataset("large", seed)
+        clear_cache()
+        out.append((ds, truth, fit_surrogate(ds, seed=seed)))
+    return out
+
+
+def test_main_effect_intervals_cover_the_planted_change(large):
+    covered, total = 0, 0
+    prefix = []
+    for _, truth, sur in large:
+        me = main_effects_from(sur)
+        assert me.estimable and me.coding == "levels"
+        for j, f in enumerate(sur.features):
+            lv = true_levels(sur, truth, j, grid_codes(f, 12))
+            true_change = math.exp(lv[-1] - lv[0]) - 1.0
+            iv = me.get(f.name).change
+            assert iv.low <= iv.estimate <= iv.high
+            covered += iv.low <= true_change <= iv.high
+            total += 1
+            if f.name == "enable_prefix_caching":
+                prefix.append(iv.estimate)
+    assert covered >= floor(total), (covered, total)
+    # the planted +3% of prefix caching is recovered, not shrunk towards zero
+    assert math.exp(SURFACE["enable_prefix_caching"]) - 1 == pytest.approx(0.03)
+    assert 0.02 < float(np.mean(prefix)) < 0.04, prefix
+
+
+def test_regression_interaction_strength_covers_the_planted_one(large):
+    covered, total, nulls_covered, nulls = 0, 0, 0, 0
+    for _, truth, sur in large:
+        S = sur.X[sample_rows(len(sur.y), 80, np.random.default_rng([sur.seed, 5]))]
+        true = TrueModel(sur, truth)
+        from analysis.interactions import h2_statistics
+
+        pairs = [(sur.index("max_num_batched_tokens"), sur.index("enable_chunked_prefill")),
+                 (sur.index("max_num_seqs"), sur.index("dtype")), (sur.index("enforce_eager"), sur.index("dtype"))]
+        _, true_strength, _ = h2_statistics(true, S, pairs)
+        for (j, k), ts in zip(pairs, true_strength):
+            ps = pair_strength(sur, j, k, S)
+            assert ps is not None
+            assert ps.strength.low <= ps.strength.estimate <= ps.strength.high
+            assert ps.h2.low <= ps.h2.estimate <= ps.h2.high
+            hit = ps.strength.low <= ts <= ps.strength.high
+            if (j, k) == pairs[0]:
+                covered, total = covered + hit, total + 1
+                assert ts > 0.02 and ps.p_value < 0.01
+            else:
+                nulls_covered, nulls = nulls_covered + hit, nulls + 1
+    assert covered >= floor(total) and nulls_covered >= floor(nulls), (covered, total, nulls_covered, nulls)
+
+
+def test_one_verdict_for_pd_importance_and_text(large):
+    ds, _, sur = large[0]
+    verdicts = parameter_verdicts(sur)
+    imp = importance_from(sur, ds, n_boot=20)
+    for f in sur.features:
+        pdr = partial_dependence_from(sur, ds, f.name, n_boot=10, ice=False)
+        entry = imp.get(f.name)
+        assert pdr.verdict == entry.verdict == verdicts[f.name].verdict
+        assert pdr.sentence is not None and f"verdict: {pdr.verdict}" in pdr.sentence
+        # an interval that excludes no change never stands beside a verdict of noise
+        if pdr.change is not None and pdr.change.excludes(0.0):
+            assert pdr.verdict == "important", (f.name, pdr.change)
+        assert entry.main_effect == pdr.change
+    assert verdicts["max_num_seqs"].verdict == "important"
+
+
+def test_small_experiments_warn_instead_of_claiming():
+    for seed in range(3):
+        ds, truth = dataset("small", seed)
+        clear_cache()
+        sur = fit_surrogate(ds, seed=seed)
+        me = main_effects_from(sur)
+        assert not me.estimable and [w.code for w in me.warnings] == ["too_few_configs"]
+        pdr = partial_dependence_from(sur, ds, "enable_prefix_caching", n_boot=10, ice=False)
+        codes = {w.code for w in pdr.warnings}
+        assert {"too_few_trials", "too_few_configs", "forest_bands"} <= codes, codes
+        assert pdr.bands == "forest"
+        for name in truth.null:
+            assert parameter_verdicts(sur)[name].verdict == "indistinguishable from noise"
