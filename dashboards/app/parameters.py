@@ -78,9 +78,26 @@ def pd_view(r: PDResult) -> Any:
     plot = plot.opts(hv.opts.Overlay(width=520, height=300, title=f"partial dependence of {r.metric} ({r.scale})",
                                      show_legend=False))
     info = (f"<div class='st-section-done' data-section='pd'>{claim_html(r.claim, r.warnings)}</div>"
-            f"<p>{esc(r.sentence or '')}</p><div class='st-note'>{r.n_boot} bootstrap refits; ICE curves in grey; "
+            f"<p>{esc(r.sentence or '')}</p><div class='st-note'>{_pd_source(r)}; ICE curves in grey; "
             f"only the sampled range is shown</div>{warnings_html(r.warnings)}")
     return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+
+def _pd_source(r: PDResult) -> str:
+    """Where the curve's intervals come from, as ``r.bands`` says."""
+    if r.bands == "regression":
+        return "95% intervals from the main-effects regression (errors clustered by config)"
+    return f"95% bands from {r.n_boot} bootstrap refits of the forest"
+
+
+def _h2_source(r: InteractionResult) -> str:
+    """Where the pairs' H² and strength intervals come from (each pair's ``source``)."""
+    n_reg = sum(p.source == "regression" for p in r.pairs)
+    if n_reg == len(r.pairs):
+        return "H² and strength from a regression with each pair's product terms"
+    if n_reg == 0:
+        return f"H² from {r.n_boot} refits of the forest"
+    return f"H²: {n_reg} pair(s) from a regression with product terms, the rest from {r.n_boot} forest refits"
 
 
 def interactions_view(r: InteractionResult) -> Any:
@@ -96,7 +113,7 @@ def interactions_view(r: InteractionResult) -> Any:
             width=420, height=300, tools=["hover"], colorbar=True, cmap="viridis",
             title=f"observed median {r.metric} by cell")))
     info = (f"<div class='st-section-done' data-section='interactions'>{claim_html(r.claim, r.warnings)}</div>"
-            f"<div class='st-note'>{r.n_pairs_computed} of {r.n_pairs_total} pairs; H² from {r.n_boot} refits; "
+            f"<div class='st-note'>{r.n_pairs_computed} of {r.n_pairs_total} pairs; {_h2_source(r)}; "
             f"{esc(r.method)}</div>{warnings_html(r.warnings)}"
             f"<table class='st-table'><tr><th>pair</th><th>H²</th><th>strength</th><th>SHAP interaction</th>"
             f"<th>caveats</th></tr>{rows}</table>")
