@@ -128,9 +128,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---------------------------------------------------------------- analysis (other owners, as above)
     Mutation(
         "importance-vs-zero", "importance is judged against the random probe, not against 0",
-        "analysis/importance.py",
-        "        diff = percentile_interval(perm[valid, j] - perm[valid, sur.probe_index])\n",
-        "        diff = percentile_interval(perm[valid, j])\n",
+        "analysis/verdict.py",
+        "    diff = percentile_interval(np.asarray(param, dtype=float) - np.asarray(probe, dtype=float))\n",
+        "    diff = percentile_interval(np.asarray(param, dtype=float))\n",
         ("tests/test_analysis_importance.py",),
     ),
     Mutation(
