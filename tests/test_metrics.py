@@ -165,3 +165,25 @@ def test_pooled_percentiles_come_from_pooled_samples_not_averaged_percentiles() 
     assert sum(per_trial_p50) / 2 == pytest.approx(55.0)  # what averaging would wrongly report
     cancelled = req(10, 0, None, 5, None, [], error="cancelled at end of window")
     assert pooled_latencies([a, [cancelled]])["n"] == [4.0]
+
+
+def test_the_coordinator_summarizes_the_clients_loop_lag(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sweep's own summary of a RESULT (SweepRunner._metrics) passes the outcome's loop lag on,
+    so a stalled client is flagged in a sweep, not only in a direct summarize() call."""
+    from coordinator.sweep import SweepOptions, SweepRunner
+    from servetune.result import TrialOutcome
+    from servetune.spec import parse_spec
+
+    text = """
+name: lag
+engine: {grid: {max_num_seqs: [2]}, fixed: {max_model_len: 256}}
+load_points:
+  - {name: a, max_concurrency: 4, num_requests: 30, input_len: 8, output_len: 8}
+"""
+    spec = parse_spec(text)
+    runner = SweepRunner(spec, text, SweepOptions(results_root=tmp_path, local_daemon=False))
+    samples = [req(i, i * 100.0, i * 100.0 + 1, i * 100.0 + 2000, 1, [i * 100.0 + 1]) for i in range(30)]
+    outcome = TrialOutcome(status="ok", samples=samples, window_s=3.0, started_at_us=1, finished_at_us=2,
+                           client_loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=25.0, max_ms=40))
+    m = runner._metrics(outcome, spec.load_points[0])
+    assert m["loop_lag_p99_ms"] == 25.0 and m["client_fell_behind"] is True

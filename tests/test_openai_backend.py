@@ -135,8 +135,6 @@ def test_api_key_from_the_environment(keyed: KeyedServer, tmp_path: Path, tiny_c
     ds = analysis.load("keyed", results_root=tmp_path / "a" / "runs")
     assert list(ds.status.values) == ["ok"] and int(ds.n_completed.values[0]) == 6
     assert keyed.seen_auth and set(keyed.seen_auth) == {"Bearer s3cret"}
-    # the client's own event-loop lag, measured by the daemon, is summarized by the coordinator
-    assert float(ds.loop_lag_p99_ms.values[0]) >= 0.0
 
     env.pop("SERVETUNE_TEST_KEY")
     proc = _sweep(tmp_path / "b", _spec("keyed", url, served="any", extra=", api_key_env: SERVETUNE_TEST_KEY"), env)
