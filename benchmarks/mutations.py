@@ -112,18 +112,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "rate-sweep-ignores-retry-failed", "--retry-failed re-runs failed rate-sweep follow-ups",
         "coordinator/sweep.py",
-        'if att is None or (att.status == "failed" and (att.failure_kind == "transport" or retry_failed)):',
-        'if att is None or (att.status == "failed" and att.failure_kind == "transport"):',
+        "            if needs_run(latest.get(m.trial_id), retry_failed):",
+        "            if needs_run(latest.get(m.trial_id), False):",
         ("tests/test_guards.py::test_retry_failed_reruns_failed_rate_sweep_followups", "tests/test_rate_sweep.py"),
     ),
     Mutation(
         "spec-ignores-unknown-keys", "unknown keys are refused in every spec section, not only engine.grid",
         "servetune/spec.py",
-        '    """Base of every spec section: unknown keys are refused, values are immutable."""\n\n'
-        '    model_config = ConfigDict(extra="forbid", frozen=True)\n',
-        '    """Base of every spec section: unknown keys are refused, values are immutable."""\n\n'
-        '    model_config = ConfigDict(extra="ignore", frozen=True)\n',
-        ("tests/test_spec.py",),
+        '    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)\n',
+        '    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)\n',
+        ("tests/test_spec.py", "tests/test_spec_strict.py"),
     ),
     # ---------------------------------------------------------------- analysis (other owners, as above)
     Mutation(
