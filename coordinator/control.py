@@ -244,7 +244,8 @@ class ControlCore:
         self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
         #: Admission control, set by the adapter before each pass: how many more GRANTs this pass
         #: may make (None: no limit). A READY that finds work but no budget waits, as one that
-        #: finds none, and is granted by a later pass or tick with budget (see :data:`GRANTS_PER_PASS`).
+        #: finds none, and is granted, oldest first, by a later tick with budget (a READY handled in a
+        #: pass with budget left is granted at once; see ``coordinator.sweep.GRANTS_PER_PASS``).
         self.grant_budget: int | None = None
         for orphan in self.orphans:
             lease = Lease(

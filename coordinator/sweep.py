@@ -96,7 +96,8 @@ DRAIN_MAX_S = 0.1
 #: Admission control: a pass (or tick) that found the socket's queue emptied may make this many
 #: GRANTs; one that left messages queued (the loop is behind) only GRANTS_WHEN_BEHIND. A GRANT
 #: brings back a RESULT per trial and a READY, so granting while behind only lengthens the queue
-#: that every HEARTBEAT waits in; READYs left over wait for the next pass with budget.
+#: that every HEARTBEAT waits in; READYs left over wait, and the next tick with budget grants them
+#: oldest first (a READY read in a pass with budget left is granted at once, ahead of them).
 GRANTS_PER_PASS = 64
 GRANTS_WHEN_BEHIND = 2
 
