@@ -744,15 +744,15 @@ class SweepRunner:
             "spec_hash": self.spec_hash,
             "status": status,
             "failure_kind": kind,
-            "metrics": metrics,
         })
+        metrics_json = json.dumps(metrics)  # once: for the record and for the attempt's row
         # the record, serialized once: pydantic writes the two models' JSON itself (as model_dump(mode="json"))
-        record = (f'{head[:-1]}, "manifest": {manifest.model_dump_json()}, '
+        record = (f'{head[:-1]}, "metrics": {metrics_json}, "manifest": {manifest.model_dump_json()}, '
                   f'"outcome": {outcome.model_dump_json()}}}')
         hw = outcome.fingerprint.hardware_class if outcome.fingerprint else None
         store.finish_attempt(
             msg.trial_id, msg.epoch, status=status, failure_kind=kind if status != "ok" else None, error=error,
-            submission_id=msg.submission_id, record=record, metrics=metrics, hardware_class=hw,
+            submission_id=msg.submission_id, record=record, metrics=metrics_json, hardware_class=hw,
         )
         self._dataset_dirty = True
         self.counts["ok" if status == "ok" else "failed"] += 1
