@@ -175,7 +175,9 @@ class Page:
         self.page = browser.new_page(viewport={"width": 1500, "height": 1100})
         self.page.set_default_timeout(PAGE_TIMEOUT_MS)
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        # with the top of the stack, so a failure in CI says where in BokehJS it came from
+        self.page.on("pageerror", lambda e: self.errors.append(
+            f"page error: {e}" + "".join(f"\n  {line.strip()}" for line in (getattr(e, "stack", "") or "").splitlines()[1:6])))
         self.page.goto(url, timeout=PAGE_TIMEOUT_MS)
 
     def text(self, selector: str) -> str:

@@ -107,6 +107,7 @@ class App:
         self.root_note = pn.pane.HTML(f"<div class='st-note'>results root: <code>{state.root().resolve()}</code></div>")
         self.main = pn.Column(sizing_mode="stretch_width")
         self.current: Any = None
+        self.title = pn.pane.HTML("")
         self.nav.param.watch(lambda e: self._show(), "value")
         self.experiment.param.watch(lambda e: self._show(), "value")
         if pn.state.location is not None:
@@ -150,6 +151,17 @@ class App:
                    "inspector": inspector, "ranking": ranking, "drift": drift}
         ctx = self._context()
         page = self.nav.value
+        title = (f"<h2 class='st-title'>{PAGES[page]}"
+                 f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>")
+        if page == "experiments" and isinstance(self.current, experiments.ExperimentsPage) and self.main.objects:
+            # Another experiment on the experiments page: the same panes with new text. No new Bokeh
+            # models, so a switch made by the periodic tick (a sweep's experiment appearing) cannot
+            # send the browser a reference to a model whose definition is still on its way in
+            # another message ("reference pNNNN isn't known"); Bokeh's and Panel's writes to the
+            # socket can reach the browser out of order.
+            self.title.object = title
+            self.current.show(ctx)
+            return
         try:
             if page != "experiments" and ctx.folder is None:
                 self.current = pn.pane.HTML(f"<div class='st-note st-empty'>No experiment under {state.root()}: "
@@ -160,9 +172,8 @@ class App:
             log.exception("page %s of %s failed", page, ctx.experiment)
             self.current = pn.pane.HTML(f"<div class='st-error'>{page} could not be shown: "
                                         f"{type(exc).__name__}: {exc}</div>")
-        self.main.objects = [pn.pane.HTML(f"<h2 class='st-title'>{PAGES[page]}"
-                                          f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>"),
-                             self.current]
+        self.title = pn.pane.HTML(title, sizing_mode="stretch_width")
+        self.main.objects = [self.title, self.current]
 
     def _tick(self) -> None:
         names = [e.name for e in state.list_experiments()]

@@ -100,6 +100,12 @@ class ExperimentsPage(pn.viewable.Viewer):
         self._signature: tuple[Any, ...] = ()
         self.refresh()
 
+    def show(self, ctx: Context) -> None:
+        """Show ``ctx``'s experiment in the same panes (their text changes, no new models)."""
+        self.ctx = ctx
+        self._signature = ()
+        self.refresh()
+
     def refresh(self) -> None:
         infos = state.list_experiments()
         bad = state.unreadable()
