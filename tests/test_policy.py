@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 import pytest
 
-from coordinator.control import ControlCore
+from coordinator.control import ControlCore, Notice
 from coordinator.fleet import FleetSettings, GroupSettings, fleet_settings
 from coordinator.leases import BatchWork
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from servetune.errors import SpecError
 from servetune.manifest import plan_grid
 from servetune.messages import Capabilities, Grant, Hello, NoWork, Ready
-from servetune.spec import BackendSpec
+from servetune.spec import BackendSpec, parse_spec
 from tests.test_control import SETTINGS, Clock, fingerprint, result, sent, spec, work
 
 
@@ -303,3 +303,26 @@ def test_control_core_answers_no_work_to_a_busy_daemon_and_grants_a_second_slot(
     held = [{"trial_id": t.trial_id, "epoch": t.attempt} for t in g.trials]
     busy = c2.handle("d1", Ready.model_validate({"session_nonce": "n1", "seq": 2, "answered_seq": 1, "held": held}))
     assert sent(busy, NoWork) and not sent(busy, Grant)
+
+
+ENDPOINT_SPEC = """
+name: ep
+model: {{source: tiny}}
+backend: {{kind: openai, base_url: "{url}"}}
+load_points: [{{name: a, max_concurrency: 2, num_requests: 2, input_len: 8, output_len: 8}}]
+repeats: 2
+"""
+
+
+@pytest.mark.parametrize(("url", "shared"), [("http://10.0.0.7:8000", True), ("http://127.0.0.1:8000", False)])
+def test_control_core_makes_a_non_loopback_endpoint_one_group_unless_it_is_loopback(url: str, shared: bool) -> None:
+    s = parse_spec(ENDPOINT_SPEC.format(url=url))
+    c = ControlCore(spec=s, work=[BatchWork(b, b.trials) for b in plan_grid(s).batches], settings=SETTINGS,
+                    clock=Clock())
+    out = c.handle("d1", hello("d1", "n1"))
+    notes = [i.text for i in out if isinstance(i, Notice)]
+    assert any("shared endpoint http://10.0.0.7:8000" in n for n in notes) is shared
+    c.handle("d2", hello("d2", "n2"))
+    assert sent(c.handle("d1", Ready(session_nonce="n1", seq=1)), Grant)
+    second = sent(c.handle("d2", Ready(session_nonce="n2", seq=1)), Grant)
+    assert bool(second) is not shared, "on a shared endpoint the second daemon waits for the first"
