@@ -10,6 +10,7 @@ settings: a READY is granted only when the policy allows, else it waits and is s
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -326,3 +327,9 @@ def test_control_core_makes_a_non_loopback_endpoint_one_group_unless_it_is_loopb
     assert sent(c.handle("d1", Ready(session_nonce="n1", seq=1)), Grant)
     second = sent(c.handle("d2", Ready(session_nonce="n2", seq=1)), Grant)
     assert bool(second) is not shared, "on a shared endpoint the second daemon waits for the first"
+
+
+def test_the_example_fleet_file_loads() -> None:
+    settings = fleet_settings(Path(__file__).resolve().parents[1] / "configs" / "fleet.yaml")
+    assert [g.name for g in settings.groups] == ["shared-endpoint", "box-7"]
+    assert settings.groups[1].group_max_concurrency == 2
