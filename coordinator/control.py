@@ -27,6 +27,11 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   granted to the oldest waiting READY of a matching hardware class at the next :meth:`tick`, the
   one that revoked it. A READY that waited its interval out gets NO_WORK with ``retry_after_s=0``
   (ask again at once), so an idle daemon has a READY waiting nearly all the time.
+- Where and when work goes is the fleet policy's (:mod:`coordinator.policy`): one queue per
+  hardware class, at most ``max_concurrency`` batches per daemon, resource groups (the fleet
+  file's ``groups``, a daemon's own, the implicit group of a non-loopback ``openai`` endpoint)
+  holding at most ``group_max_concurrency`` between members, taking turns round-robin. A READY
+  the policy does not allow now waits like one that found no work.
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
