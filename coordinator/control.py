@@ -27,6 +27,11 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   granted to the oldest waiting READY of a matching hardware class at the next :meth:`tick`, the
   one that revoked it. A READY that waited its interval out gets NO_WORK with ``retry_after_s=0``
   (ask again at once), so an idle daemon has a READY waiting nearly all the time.
+- Where and when work goes is the fleet policy's (:mod:`coordinator.policy`): one queue per
+  hardware class, at most ``max_concurrency`` batches per daemon, resource groups (the fleet
+  file's ``groups``, a daemon's own, the implicit group of a non-loopback ``openai`` endpoint)
+  holding at most ``group_max_concurrency`` between members, taking turns round-robin. A READY
+  the policy does not allow now waits like one that found no work.
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
@@ -46,12 +51,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
+from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
@@ -229,7 +235,10 @@ class ControlCore:
 
     def __post_init__(self) -> None:
         check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
-        self.queue: deque[BatchWork] = deque(self.work)
+        #: Work waiting, one queue per hardware class; who may take it when: :mod:`coordinator.policy`.
+        self.queue = ClassQueues(self.work)
+        self.policy = FleetPolicy(self.settings.groups, shared_endpoint(self.spec.backend), self.clock,
+                                  turn_wait_s=2 * self.settings.heartbeat_interval_s)
         self.leases = LeaseTable()
         self.daemons: dict[str, DaemonSession] = {}
         self.stopping = False
@@ -345,6 +354,7 @@ class ControlCore:
         for d in list(self.daemons.values()):
             if now - d.last_seen > s.revoke_after_s and not self.leases.held_by(d.daemon_id):
                 del self.daemons[d.daemon_id]
+                self.policy.leave(d.daemon_id)
                 out.append(Notice(logging.WARNING, f"daemon {d.daemon_id} presumed dead after "
                                                    f"{now - d.last_seen:.1f} s of silence"))
                 out.append(DaemonLeft(d.daemon_id, "presumed dead (no heartbeat)"))
@@ -375,7 +385,7 @@ class ControlCore:
             if self.queue:
                 if not self._may_grant():
                     continue  # work is there, this pass's budget is not: it stays waiting, unanswered
-                work = self._take(d.hardware_class)
+                work = self._take(d.hardware_class) if self._policy_allows(d) else None
                 if work is not None:
                     del self.waiting[daemon_id]
                     out += self._grant(d, work, w.seq, now)
@@ -459,6 +469,10 @@ class ControlCore:
                                                 key=key)
         self._no_daemon_since = None
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
+        caps = msg.capabilities
+        joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,
+                                  caps.group_max_concurrency)
+        out += [Notice(logging.INFO, note) for note in joined.notes]
         out.append(Send(daemon_id, self._welcome(msg.session_nonce)))
         if renewed:
             out.append(Send(daemon_id, Renewed(seq=msg.seq, leases=renewed, ttl_s=self.settings.lease_ttl_s)))
@@ -497,6 +511,7 @@ class ControlCore:
         return out
 
     def _ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction]:
+        self.policy.asked(d.daemon_id)
         out = self._answer_ready(d, msg, now)
         if out is not None:
             self.waiting.pop(d.daemon_id, None)  # answered: nothing of it waits any more
@@ -510,6 +525,7 @@ class ControlCore:
         """What answers ``msg`` now, or None when it must wait for work."""
         out: list[Instruction] = []
         held = {(r.trial_id, r.epoch) for r in msg.held}
+        kept = 0
         for lease in self.leases.held_by(d.daemon_id):
             # An idle daemon that holds this lease waits for ACKs of its results: wait too. One that
             # got the GRANT (its READY says a GRANT answered that READY) but holds none of it dropped
@@ -520,10 +536,12 @@ class ControlCore:
                 out += self._revoke(lease, f"daemon {d.daemon_id} is idle without lease {lease.batch_id} "
                                            "(it dropped the batch it was granted)")
             else:
-                return [Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
+                kept += 1
+        if kept >= self.policy.slots(d.daemon_id):  # every slot it has holds a lease
+            return [*out, Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
         if out:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
-        work = self._take(d.hardware_class) if self._may_grant() else None
+        work = self._take(d.hardware_class) if self._may_grant() and self._policy_allows(d) else None
         if work is None:
             if self.stopping or self.finished:
                 return [Send(d.daemon_id, Shutdown(reason="no more work"))]
@@ -533,10 +551,15 @@ class ControlCore:
     def _may_grant(self) -> bool:
         return self.grant_budget is None or self.grant_budget > 0
 
+    def _policy_allows(self, d: DaemonSession) -> bool:
+        """The fleet policy lets ``d`` take a batch now (a free slot; its group's room and turn)."""
+        return self.policy.why_wait(d.daemon_id, lambda x: len(self.leases.held_by(x)), self.queue.has_work) is None
+
     def _grant(self, d: DaemonSession, work: BatchWork, ready_seq: int, now: float) -> list[Instruction]:
         """Lease ``work`` to ``d`` in answer to its READY ``ready_seq``: persist, then send the GRANT."""
         if self.grant_budget is not None:
             self.grant_budget -= 1
+        self.policy.granted(d.daemon_id)
         attempts = {}
         for m in work.trials:
             self._attempts[m.trial_id] = self._attempts.get(m.trial_id, 0) + 1
@@ -557,11 +580,7 @@ class ControlCore:
     def _take(self, hardware_class: str) -> BatchWork | None:
         if self.stopping:
             return None
-        for i, work in enumerate(self.queue):
-            if work.hardware_class in (None, hardware_class):
-                del self.queue[i]
-                return work
-        return None
+        return self.queue.take(hardware_class)
 
     def _state(self, d: DaemonSession, msg: State) -> list[Instruction]:
         if msg.trial_id is not None:
@@ -607,6 +626,7 @@ class ControlCore:
 
     def _forget(self, daemon_id: str, reason: str) -> list[Instruction]:
         self.daemons.pop(daemon_id, None)
+        self.policy.leave(daemon_id)
         out: list[Instruction] = []
         for lease in self.leases.held_by(daemon_id):
             out += self._revoke(lease, reason)

@@ -22,13 +22,25 @@ max_transport_retries      3         attempts of one trial lost to transport or 
 artifact_drain_s           60.0      once every result is in, how long the sweep still waits for
                                      artifacts in flight (logs, samples; it ends sooner when
                                      uploads are quiet); the rest stay spooled on the nodes
+groups                     []        resource groups (:mod:`coordinator.policy`): daemons that
+                                     share hardware or one endpoint, each ``{name, daemons,
+                                     group_max_concurrency}``; ``daemons``: ids or ``fnmatch``
+                                     patterns (a daemon joins the first group naming it); its
+                                     members hold at most ``group_max_concurrency`` batches at once
+                                     (the tightest limit the group or a member's HELLO declares;
+                                     1 when none does) and take turns round-robin. An ``openai``
+                                     endpoint that is not loopback is such a group on its own
+                                     (``endpoint:URL``) for every daemon no group here names
 =========================  ========  ==========================================================
+
+A daemon's own limit, ``max_concurrency`` (default 1), and optionally its ``group`` and
+``group_max_concurrency``, come in its HELLO (:class:`servetune.messages.Capabilities`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -38,6 +50,21 @@ from servetune.errors import SpecError, SpecIssue
 DEFAULT_FLEET_PORT = 5555
 DEFAULT_FLEET_BIND = f"tcp://0.0.0.0:{DEFAULT_FLEET_PORT}"
 LOCAL_BIND = "tcp://127.0.0.1:0"
+
+
+#: A group name: a short label, no ``:`` (``endpoint:URL`` names the implicit group of a shared endpoint).
+GROUP_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class GroupSettings(BaseModel):
+    """One resource group of the fleet file; unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=GROUP_NAME)
+    daemons: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(min_length=1, max_length=1024)
+    #: None: not declared here (a member's HELLO may declare it; 1 when nothing does).
+    group_max_concurrency: int | None = Field(None, ge=1, le=1024)
 
 
 class FleetSettings(BaseModel):
@@ -54,6 +81,24 @@ class FleetSettings(BaseModel):
     max_transport_retries: int = Field(3, ge=1, le=100)
     #: How long a sweep whose results are all in still waits for artifacts in flight (coordinator.artifact_sink).
     artifact_drain_s: float = Field(60.0, ge=0, le=3600)
+    #: Resource groups (coordinator.policy): daemons that hold a bounded number of batches between them.
+    groups: tuple[GroupSettings, ...] = Field((), max_length=256)
+
+    @model_validator(mode="after")
+    def _groups_distinct(self) -> FleetSettings:
+        names = [g.name for g in self.groups]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"groups: the name {twice[0]!r} is declared more than once")
+        owner: dict[str, str] = {}
+        for g in self.groups:
+            for d in g.daemons:
+                if not any(c in d for c in "*?["):
+                    if d in owner and owner[d] != g.name:
+                        raise ValueError(f"groups: daemon {d!r} is named by groups {owner[d]!r} and {g.name!r}; "
+                                         "a daemon is in one group")
+                    owner[d] = g.name
+        return self
 
     @model_validator(mode="after")
     def _ttl_covers_heartbeats(self) -> FleetSettings:

@@ -131,8 +131,16 @@ def valid_id(value: str) -> bool:
 
 
 class Capabilities(_Msg):
+    """What a daemon offers. ``max_concurrency``: batches it runs at once (the coordinator's
+    :mod:`coordinator.policy` never grants it more); ``group`` / ``group_max_concurrency``: the
+    resource group it shares hardware or an endpoint with, and the limit it declares for it (the
+    tightest declaration wins). ``slots`` is read by nothing (kept so a HELLO that sends it decodes)."""
+
     fingerprint: Fingerprint
     slots: int = Field(1, ge=1, le=1024)
+    max_concurrency: int = Field(1, ge=1, le=1024)
+    group: Label | None = None
+    group_max_concurrency: int | None = Field(None, ge=1, le=1024)
     backends: list[Label] = Field(default_factory=lambda: ["vllm"], max_length=16)
 
 

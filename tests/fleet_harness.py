@@ -19,7 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ SPEC = textwrap.dedent(
     """
     name: {name}
     model: {{source: tiny}}
-    backend: {{kind: openai, base_url: "{url}"}}
+    backend: {{kind: openai, base_url: "{url}"{backend}}}
     load_points:
       - {{name: c2, max_concurrency: 2, num_requests: {n}, input_len: 8, output_len: 16}}
       - {{name: c4, max_concurrency: 4, num_requests: {n}, input_len: 8, output_len: 16}}
@@ -64,13 +64,16 @@ class Fleet:
     requests: int = 20
     timings: dict[str, str] = field(default_factory=lambda: dict(FAST))
     env: dict[str, str] = field(default_factory=dict)
+    #: More keys of the spec's backend, e.g. ``", api_key_env: FLEET_KEY"``.
+    backend: str = ""
 
     def __post_init__(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.root = self.tmp / "runs"
         self.folder = self.root / self.name
         self.spec = self.tmp / f"{self.name}.yaml"
-        self.spec.write_text(SPEC.format(name=self.name, url=self.url, n=self.requests, repeats=self.repeats))
+        self.spec.write_text(SPEC.format(name=self.name, url=self.url, n=self.requests, repeats=self.repeats,
+                                         backend=self.backend))
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[str] | None = None
@@ -101,10 +104,12 @@ class Fleet:
         return self.coordinator
 
     def start_daemon(self, daemon_id: str, address: str | None = None, *extra: str,
-                     argv: list[str] | None = None, home: Path | None = None) -> subprocess.Popen[bytes]:
+                     argv: list[str] | None = None, home: Path | None = None,
+                     env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """``daemon start`` dialling the coordinator (or ``address``, e.g. a proxy). ``argv``: run
         another entry point with the same arguments (a daemon with a planted fault). ``home``: its
-        ``$SERVETUNE_HOME`` (default the fleet's, whose daemon key is admitted)."""
+        ``$SERVETUNE_HOME`` (default the fleet's, whose daemon key is admitted). ``env``: more
+        environment variables of its own (e.g. its API key)."""
         cmd = argv or [sys.executable, "-m", "daemon"]
         log = open(self.tmp / f"daemon-{daemon_id}-{len(self.procs)}.log", "wb")
         self._files.append(log)
@@ -112,7 +117,7 @@ class Fleet:
             cmd + ["start", "--coordinator", address or self.address, "--workdir", str(self.tmp / "daemon"),
                    "--daemon-id", daemon_id, "--coordinator-lost", "30", *extra],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
-            env=self.env if home is None else {**self.env, "SERVETUNE_HOME": str(home)},
+            env={**self.env, **({} if home is None else {"SERVETUNE_HOME": str(home)}), **(env or {})},
         )
         proc.log_path = log.name  # type: ignore[attr-defined]
         self.daemons[daemon_id] = proc
@@ -264,3 +269,34 @@ def check_invariants(fleet: Fleet, acked: set[str] = frozenset()) -> list[str]: 
         if not any(s.startswith(sub) or sub.startswith(s) for s in stored):
             problems.append(f"acknowledged submission {sub} is not in the store")
     return problems
+
+
+def activity_windows(log: Iterable[Any], gap_s: float = 0.0) -> dict[str, list[tuple[float, float]]]:
+    """Each client's measurement windows as an endpoint's request log shows them: its requests
+    (entries with ``client``, ``start``, ``end``) merged into spans wherever one starts before the
+    last ended (plus ``gap_s``)."""
+    by_client: dict[str, list[tuple[float, float]]] = {}
+    for r in sorted(log, key=lambda r: (r.client, r.start)):
+        spans = by_client.setdefault(r.client, [])
+        if spans and r.start <= spans[-1][1] + gap_s:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], r.end))
+        else:
+            spans.append((r.start, r.end))
+    return by_client
+
+
+def window_overlaps(log: Iterable[Any], gap_s: float = 0.0) -> tuple[int, float]:
+    """Pairs of windows of two different clients that overlap in time, and the seconds they overlap
+    in all (:func:`activity_windows`)."""
+    windows = activity_windows(log, gap_s)
+    clients = sorted(windows)
+    pairs, seconds = 0, 0.0
+    for i, a in enumerate(clients):
+        for b in clients[i + 1:]:
+            for s0, e0 in windows[a]:
+                for s1, e1 in windows[b]:
+                    overlap = min(e0, e1) - max(s0, s1)
+                    if overlap > 0:
+                        pairs += 1
+                        seconds += overlap
+    return pairs, seconds

@@ -14,7 +14,14 @@ what the daemon's load generator (:mod:`daemon.loadgen`, :mod:`daemon.stream`) a
   count for text (this fake has no tokenizer). Other bodies get a 400 with an OpenAI error object.
 - ``GET /health`` (200, empty body), ``GET /v1/models`` (one model: the last ``model`` asked for,
   ``tiny`` before any request), ``GET /fake/stats`` (this fake's counters as JSON, for a test that
-  runs it as a process). No ``/metrics``: specs that use it need ``scrape_metrics: false``.
+  runs it as a process), ``GET /fake/requests`` (the request log below, as JSON). No ``/metrics``:
+  specs that use it need ``scrape_metrics: false``.
+- The endpoint's own request log (:attr:`FakeOpenAI.request_log`, at most
+  :data:`REQUEST_LOG_LIMIT` entries, the oldest dropped first): one :class:`LoggedRequest` per
+  completions or chat request, with who sent it (the bearer token of its ``Authorization``
+  header, else the peer address), when it arrived and when its stream ended (``time.monotonic()``,
+  which is machine-wide on Linux), and its status. Fleet tests give each daemon its own API key
+  to tell their requests apart, as a shared endpoint's own log would.
 
 It listens on 127.0.0.1 only. Three ways to run it:
 
@@ -42,7 +49,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +69,9 @@ SHUTDOWN_GRACE_S = 0.25
 #: How long the helpers wait for the server to listen or to stop (seconds).
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
+
+#: The most requests :attr:`FakeOpenAI.request_log` keeps (a long-lived fake must not grow without bound).
+REQUEST_LOG_LIMIT = 100_000
 
 _TOKEN_TEXT = " tok"
 _REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +153,17 @@ class StreamShape:
         return b"data: [DONE]\n\n"
 
 
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request as the endpoint saw it: ``client`` (bearer token or peer), ``start`` / ``end``
+    (``time.monotonic()`` seconds; ``end`` when the stream ended or was cut), ``status``."""
+
+    client: str
+    start: float
+    end: float
+    status: int
+
+
 class FakeOpenAI:
     """The request handlers and counters (no sockets of its own; :func:`serve` runs it).
 
@@ -159,6 +182,8 @@ class FakeOpenAI:
         self.requests_received = 0
         self.requests_served = 0
         self.model = "tiny"
+        #: The endpoint's own request log (written on the loop's thread; copy it to read elsewhere).
+        self.request_log: deque[LoggedRequest] = deque(maxlen=REQUEST_LOG_LIMIT)
 
     def stats(self) -> dict[str, int]:
         return {"requests_received": self.requests_received, "requests_served": self.requests_served}
@@ -170,6 +195,7 @@ class FakeOpenAI:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/fake/stats", self._stats)
+        app.router.add_get("/fake/requests", self._requests)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -182,11 +208,26 @@ class FakeOpenAI:
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
+    async def _requests(self, request: web.Request) -> web.Response:
+        return web.json_response([asdict(r) for r in list(self.request_log)])
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, chat=False)
+        return await self._logged(request, chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, chat=True)
+        return await self._logged(request, chat=True)
+
+    async def _logged(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        start = time.monotonic()
+        auth = request.headers.get("Authorization", "")
+        client = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else str(request.remote)
+        status = 499  # the client went away mid-stream (nginx's word for it)
+        try:
+            resp = await self._stream(request, chat)
+            status = resp.status
+            return resp
+        finally:
+            self.request_log.append(LoggedRequest(client, start, time.monotonic(), status))
 
     async def _stream(self, request: web.Request, chat: bool) -> web.StreamResponse:
         self.requests_received += 1
