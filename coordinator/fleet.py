@@ -22,6 +22,9 @@ max_transport_retries      3         attempts of one trial lost to transport or 
 artifact_drain_s           60.0      once every result is in, how long the sweep still waits for
                                      artifacts in flight (logs, samples; it ends sooner when
                                      uploads are quiet); the rest stay spooled on the nodes
+clock_probe_every_s        300.0     how often each daemon's clock offset is estimated again
+                                     (Cristian's algorithm, coordinator/clock.py; also when it
+                                     joins); the estimates go to ``runs/<name>/clock.json``
 =========================  ========  ==========================================================
 """
 
@@ -54,6 +57,8 @@ class FleetSettings(BaseModel):
     max_transport_retries: int = Field(3, ge=1, le=100)
     #: How long a sweep whose results are all in still waits for artifacts in flight (coordinator.artifact_sink).
     artifact_drain_s: float = Field(60.0, ge=0, le=3600)
+    #: How often each daemon's clock offset is estimated again (coordinator.clock); also on join.
+    clock_probe_every_s: float = Field(300.0, gt=0, le=86_400)
 
     @model_validator(mode="after")
     def _ttl_covers_heartbeats(self) -> FleetSettings:
