@@ -602,8 +602,8 @@ class SweepRunner:
         """Send the probes of ``step``; print and keep (``clock.json``) the estimates it finished."""
         for daemon_id, probe in step.probes:
             endpoint.send(daemon_id, probe)
-        for est in step.estimates:
-            log.info("%s", est.line())
+        for est in step.estimates:  # on the console (the coordinator's log, -v, would repeat it)
+            log.debug("%s", est.line())
             self.console.print(est.line(), markup=False, highlight=False)
         for daemon_id in step.silent:
             log.warning("clock: daemon %s answered none of its time probes; its offset is unknown", daemon_id)
