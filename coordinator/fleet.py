@@ -31,6 +31,9 @@ groups                     []        resource groups (:mod:`coordinator.policy`)
                                      1 when none does) and take turns round-robin. An ``openai``
                                      endpoint that is not loopback is such a group on its own
                                      (``endpoint:URL``) for every daemon no group here names
+clock_probe_every_s        300.0     how often each daemon's clock offset is estimated again
+                                     (Cristian's algorithm, coordinator/clock.py; also when it
+                                     joins); the estimates go to ``runs/<name>/clock.json``
 =========================  ========  ==========================================================
 
 A daemon's own limit, ``max_concurrency`` (default 1), and optionally its ``group`` and
@@ -83,6 +86,8 @@ class FleetSettings(BaseModel):
     artifact_drain_s: float = Field(60.0, ge=0, le=3600)
     #: Resource groups (coordinator.policy): daemons that hold a bounded number of batches between them.
     groups: tuple[GroupSettings, ...] = Field((), max_length=256)
+    #: How often each daemon's clock offset is estimated again (coordinator.clock); also on join.
+    clock_probe_every_s: float = Field(300.0, gt=0, le=86_400)
 
     @model_validator(mode="after")
     def _groups_distinct(self) -> FleetSettings:

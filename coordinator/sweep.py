@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 
 from coordinator.artifact_sink import ArtifactSink, SinkPolicy
+from coordinator.clock import ClockSchedule, ClockStep, write_clock_file
 from coordinator.control import (
     Accept,
     BeginAttempts,
@@ -71,7 +72,7 @@ from servetune.manifest import (
     sweep_parent,
     swept_names,
 )
-from servetune.messages import Grant, Heartbeat, Message
+from servetune.messages import Grant, Heartbeat, Message, TimeReply
 from servetune.metrics import TrialMetrics, server_summary, summarize
 from servetune.paths import experiment_dir
 from servetune.plausibility import implausible
@@ -269,6 +270,8 @@ class SweepRunner:
         self.keys: SweepKeys | None = None
         self.artifacts: ArtifactSink | None = None
         self._dataset_writer: DatasetWriter | None = None
+        #: Daemon clock offsets (coordinator.clock): probed on join and every clock_probe_every_s.
+        self.clocks: ClockSchedule | None = None
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend != 'openai' else m.target} @ {m.load_point.name}"
@@ -364,6 +367,7 @@ class SweepRunner:
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         estimate = self.plan.estimate_seconds() * n_todo / max(1, total)
+        self.clocks = ClockSchedule(self.fleet.clock_probe_every_s)
         self.core = ControlCore(
             spec=self.spec, work=work, settings=self.fleet, coordinator_id=self.coordinator_id,
             attempts=store.max_attempts(), accepted=store.accepted_submissions(), orphans=orphans,
@@ -578,6 +582,36 @@ class SweepRunner:
         self._execute(endpoint, core.tick(), deferred)
         if self.artifacts is not None:
             self.artifacts.expire(time.monotonic())
+        if self.clocks is not None:
+            self._clock_report(endpoint, self.clocks.step(core.daemons))
+
+    def _clock_reply(self, endpoint: RouterEndpoint, got: tuple[str, Message, str]) -> bool:
+        """A TIME_REPLY is taken the moment it is read (its arrival is a clock stamp), never queued
+        behind the pass: counted only from the daemon's live session under its own key. True: it was one."""
+        daemon_id, msg, key = got
+        if not isinstance(msg, TimeReply):
+            return False
+        core, clocks = self.core, self.clocks
+        if clocks is not None and core is not None and core.knows(daemon_id, msg.session_nonce) \
+                and core.key_of(daemon_id) == key:
+            self._clock_report(endpoint, clocks.reply(daemon_id, msg))
+            self._clock_report(endpoint, clocks.step(core.daemons))  # its next probe, at once
+        return True
+
+    def _clock_report(self, endpoint: RouterEndpoint, step: ClockStep) -> None:
+        """Send the probes of ``step``; print and keep (``clock.json``) the estimates it finished."""
+        for daemon_id, probe in step.probes:
+            endpoint.send(daemon_id, probe)
+        for est in step.estimates:  # on the console (the coordinator's log, -v, would repeat it)
+            log.debug("%s", est.line())
+            self.console.print(est.line(), markup=False, highlight=False)
+        for daemon_id in step.silent:
+            log.warning("clock: daemon %s answered none of its time probes; its offset is unknown", daemon_id)
+        if step.estimates and self.store is not None and self.clocks is not None:
+            try:
+                write_clock_file(self.store.folder, self.clocks.offsets(), self.fleet.clock_probe_every_s)
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.store.folder / "clock.json", exc)
 
     def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message, str]) -> bool:
         """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).
@@ -590,7 +624,7 @@ class SweepRunner:
         RENEWED. Returns True when the queue was emptied."""
         core, store = self.core, self.store
         assert core is not None and store is not None
-        batch = [first]
+        batch = [] if self._clock_reply(endpoint, first) else [first]
         t_end = time.monotonic() + DRAIN_MAX_S
         drained = False
         while len(batch) < DRAIN_MAX and time.monotonic() < t_end:
@@ -598,7 +632,10 @@ class SweepRunner:
             if got is None:
                 drained = True
                 break
-            batch.append(got)
+            if not self._clock_reply(endpoint, got):
+                batch.append(got)
+        if not batch:
+            return drained
         core.grant_budget = GRANTS_PER_PASS if drained else GRANTS_WHEN_BEHIND
         first_pass = {i for i, (d, m, _) in enumerate(batch)
                       if isinstance(m, Heartbeat) and core.knows(d, m.session_nonce)}
@@ -702,8 +739,12 @@ class SweepRunner:
                 if self.child is not None and ins.pid == self.child.pid:
                     self.child_daemon_id = ins.daemon_id
                 log.info("daemon %s joined: %s (%s)", ins.daemon_id, ins.hardware_class, ins.hostname)
+                if self.clocks is not None:
+                    self.clocks.join(ins.daemon_id)  # its clock is probed before its first batch measures
                 progress.phase(f"daemon {ins.daemon_id} joined ({ins.hardware_class})")
             elif isinstance(ins, DaemonLeft):
+                if self.clocks is not None:
+                    self.clocks.leave(ins.daemon_id)
                 if ins.daemon_id == self.child_daemon_id and not core.finished:
                     if ins.reason.startswith("signal "):
                         raise SweepInterrupted(f"the local daemon stopped on {ins.reason}")

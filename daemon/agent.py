@@ -32,6 +32,11 @@ goes on heartbeating; every upload offers again at once) until they finish, for 
 Stopping (SHUTDOWN, SIGINT, SIGTERM, the parent dying with ``--exit-with-parent``, the
 coordinator lost) aborts the running batch (its vLLM's process group is killed, nothing more is
 submitted for it), says BYE, and :meth:`DaemonAgent.run` returns the exit code.
+
+Clocks: a TIME_PROBE is answered at once, beside the session, with a TIME_REPLY stamping this
+node's wall clock when the frame was read and when the reply was made (:mod:`coordinator.clock`
+estimates the offset from it). :data:`TEST_CLOCK_OFFSET_ENV` is a TEST-ONLY hook that shifts those
+stamps, so tests on one machine can plant an offset.
 """
 
 from __future__ import annotations
@@ -72,10 +77,10 @@ from daemon.session import (
 )
 from servetune.artifact_messages import ArtifactMissing, ArtifactRefused, ArtifactStored, ToCoordinator
 from servetune.artifacts import CHUNK_SIZE
-from servetune.errors import ProtocolError
+from servetune.errors import ProtocolError, ServetuneError
 from servetune.exitcodes import ExitCode
 from servetune.keys import KeyPair
-from servetune.messages import BatchError, Capabilities, Grant, Shutdown, decode, encode
+from servetune.messages import BatchError, Capabilities, Grant, Shutdown, TimeProbe, TimeReply, decode, encode
 from servetune.wire import configure_dealer
 
 log = logging.getLogger(__name__)
@@ -96,6 +101,34 @@ UPLOAD_QUIET_S = 2.0
 FINAL_LINGER_MS = 500
 _ERROR_CHARS = 4000
 _TRACEBACK_CHARS = 60_000
+#: TEST-ONLY: seconds added to this daemon's wall-clock stamps in its TIME_REPLYs (and nowhere
+#: else), so the clock-offset tests can plant an offset between processes of one machine. Never
+#: set it on a real node: the coordinator would report that node's clock as off by this much.
+TEST_CLOCK_OFFSET_ENV = "SERVETUNE_TEST_CLOCK_OFFSET_S"
+_MAX_TEST_OFFSET_S = 86_400.0
+
+
+def planted_clock_offset_ns(environ: dict[str, str] | None = None) -> int:
+    """The TEST-ONLY planted offset (:data:`TEST_CLOCK_OFFSET_ENV`) in ns; 0 when unset."""
+    raw = (os.environ if environ is None else environ).get(TEST_CLOCK_OFFSET_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not abs(value) <= _MAX_TEST_OFFSET_S:  # NaN fails too
+        raise ServetuneError(f"{TEST_CLOCK_OFFSET_ENV}={raw!r} (test-only): expected seconds within "
+                             f"±{_MAX_TEST_OFFSET_S:g}")
+    return round(value * 1e9)
+
+
+def time_reply(probe: TimeProbe, session_nonce: str, read_at_ns: int, read_mono_ns: int, offset_ns: int = 0) -> TimeReply:
+    """The answer to ``probe``, read at wall clock ``read_at_ns`` (monotonic ``read_mono_ns``):
+    handling ends now, measured on the monotonic clock so a wall-clock step cannot make it negative."""
+    received = max(0, read_at_ns + offset_ns)
+    return TimeReply(session_nonce=session_nonce, probe_id=probe.probe_id, received_at_ns=received,
+                     replied_at_ns=received + max(0, time.monotonic_ns() - read_mono_ns))
 
 
 @dataclass
@@ -213,6 +246,7 @@ class DaemonAgent:
         self._worker: BatchWorker | None = None
         self._sender: SpoolSender | None = None
         self._shutdown: tuple[Shutdown, float] | None = None  # held while uploads finish
+        self._clock_offset_ns = 0  # TEST-ONLY planted offset (TEST_CLOCK_OFFSET_ENV), read by run()
 
     # ------------------------------------------------------------------ stopping
 
@@ -231,6 +265,10 @@ class DaemonAgent:
     # ------------------------------------------------------------------ run
 
     def run(self) -> ExitCode:
+        self._clock_offset_ns = planted_clock_offset_ns()
+        if self._clock_offset_ns:
+            log.warning("TEST-ONLY: %s plants a clock offset of %+.6f s in this daemon's TIME_REPLYs",
+                        TEST_CLOCK_OFFSET_ENV, self._clock_offset_ns / 1e9)
         server_cpus, client_cpus = self.opts.server_cpus, self.opts.client_cpus
         if server_cpus is None and client_cpus is None and hasattr(os, "sched_getaffinity"):
             server_cpus, client_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
@@ -306,12 +344,16 @@ class DaemonAgent:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            read_at_ns, read_mono_ns = time.time_ns(), time.monotonic_ns()
             try:
                 msg = decode(frame)
             except ProtocolError as exc:
                 log.warning("dropping malformed message from the coordinator: %s", exc)
                 continue
-            if isinstance(msg, (ArtifactMissing, ArtifactStored, ArtifactRefused)):
+            if isinstance(msg, TimeProbe):
+                if session.nonce:
+                    self._send_msg(time_reply(msg, session.nonce, read_at_ns, read_mono_ns, self._clock_offset_ns))
+            elif isinstance(msg, (ArtifactMissing, ArtifactStored, ArtifactRefused)):
                 assert self._sender is not None
                 self._send_all(self._sender.on_message(msg, self._clock()))
             elif isinstance(msg, Shutdown) and self._sender is not None and self._sender.busy:
@@ -371,7 +413,7 @@ class DaemonAgent:
     def _send(self, ins: Send) -> None:
         self._send_msg(ins.msg)
 
-    def _send_msg(self, msg: OutMessage | ToCoordinator) -> None:
+    def _send_msg(self, msg: OutMessage | ToCoordinator | TimeReply) -> None:
         if self._sock is None:
             log.debug("not connected: %s not sent", msg.type)
             return

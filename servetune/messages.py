@@ -7,8 +7,9 @@ SQLite's signed 64-bit range, finite floats, bounded strings and lists), on both
 coordinator decodes daemon messages and the daemon decodes coordinator messages with the same models.
 What a RESULT claims is judged after decoding (:mod:`servetune.plausibility`).
 
-Flow (protocol version 4; version 3's RESULT had no ``client_loop_lag`` in its outcome, version 2
-had no ARTIFACT_* messages, and a peer of one version refuses another's HELLO/WELCOME)::
+Flow (protocol version 5; version 4 had no TIME_PROBE/TIME_REPLY, version 3's RESULT had no
+``client_loop_lag`` in its outcome, version 2 had no ARTIFACT_* messages, and a peer of one version
+refuses another's HELLO/WELCOME)::
 
     daemon                                   coordinator
     HELLO(daemon_id, session, seq, held)  ->
@@ -29,6 +30,8 @@ had no ARTIFACT_* messages, and a peer of one version refuses another's HELLO/WE
                                           <- ARTIFACT_MISSING(chunk digests) | ARTIFACT_STORED | ARTIFACT_REFUSED
     ARTIFACT_CHUNK(session, trial, epoch, manifest digest, sha256, data) ->   only chunks MISSING named, paced
                                           <- ARTIFACT_STORED (file whole and verified) | ARTIFACT_REFUSED
+                                          <- TIME_PROBE(probe_id, sent_at_ns)   on join, then every few minutes
+    TIME_REPLY(session, probe_id, received_at_ns, replied_at_ns) ->   at once, the daemon's wall clock
 
 Rules both sides keep:
 
@@ -65,6 +68,11 @@ Rules both sides keep:
   a daemon restart or a coordinator restart resumes with the missing chunks only), and paces
   chunks to at most a configured number of bytes per heartbeat interval, so they never stall
   heartbeats. Raw samples also still travel inside RESULT.
+- **Clocks** (:mod:`coordinator.clock`): a TIME_REPLY stamps, on the daemon's wall clock in
+  integer nanoseconds, when its handling of the TIME_PROBE began and ended, so the coordinator's
+  Cristian estimate of the offset subtracts the daemon's own work and bounds the rest (transport)
+  as its uncertainty. A reply counts only for a probe the coordinator sent to that daemon's live
+  session under its own key. Leases never use these clocks: every lease time is monotonic and local.
 - A GRANT is work for the daemon's own configured vLLM: it carries engine args and environment,
   never a command line to run (``BackendSpec`` has no such field; one named in a GRANT is refused
   at decode) and never a secret (for the ``openai`` backend, the *name* of the node's environment
@@ -106,7 +114,7 @@ from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import BackendSpec, Budgets, ModelSpec
 from servetune.wire import MAX_MESSAGE_BYTES
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: Re-exported: MAX_MESSAGE_BYTES from servetune.wire; the bounded types from servetune.bounds.
 __all__ = ["ID_MAX_CHARS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSION", "Id", "Text", "valid_id"]
 
@@ -338,6 +346,32 @@ class Revoked(_Msg):
     reason: Text
 
 
+class TimeProbe(_Msg):
+    """Coordinator -> daemon: answer at once with a :class:`TimeReply` (:mod:`coordinator.clock`)."""
+
+    type: Literal["TIME_PROBE"] = "TIME_PROBE"
+    probe_id: Id
+    sent_at_ns: Count = Field(description="the coordinator's wall clock when sent, ns since the epoch (for "
+                                          "reading the wire only: the coordinator keeps its own stamps)")
+
+
+class TimeReply(_Msg):
+    """Daemon -> coordinator: its wall clock (ns since the epoch) when its handling of the probe
+    began and ended, so its own handling time cancels out of the coordinator's estimate."""
+
+    type: Literal["TIME_REPLY"] = "TIME_REPLY"
+    session_nonce: Id
+    probe_id: Id
+    received_at_ns: Count
+    replied_at_ns: Count
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeReply:
+        if self.replied_at_ns < self.received_at_ns:
+            raise ValueError(f"replied_at_ns ({self.replied_at_ns}) is before received_at_ns ({self.received_at_ns})")
+        return self
+
+
 class Bye(_Msg):
     type: Literal["BYE"] = "BYE"
     session_nonce: Id
@@ -347,8 +381,8 @@ class Bye(_Msg):
 Message = Annotated[
     Union[
         Hello, Welcome, Rejoin, Ready, Grant, NoWork, Shutdown, State, Result, BatchError, Ack, Stale, Conflict,
-        Heartbeat, Renewed, Revoked, Bye, ArtifactOffer, ArtifactChunk, ArtifactMissing, ArtifactStored,
-        ArtifactRefused,
+        Heartbeat, Renewed, Revoked, Bye, TimeProbe, TimeReply, ArtifactOffer, ArtifactChunk, ArtifactMissing,
+        ArtifactStored, ArtifactRefused,
     ],
     Field(discriminator="type"),
 ]

@@ -68,6 +68,8 @@ from servetune.messages import (
     Revoked,
     Shutdown,
     Stale,
+    TimeProbe,
+    TimeReply,
     Welcome,
     decode,
     encode,
@@ -327,6 +329,10 @@ class FakeFleet:
         elif isinstance(msg, Rejoin):
             d.rejoins += 1
             self._hello(d)
+        elif isinstance(msg, TimeProbe):  # answered at once, as daemon.agent does (coordinator/clock.py)
+            t = time.time_ns()
+            self._send(d, encode(TimeReply(session_nonce=d.session, probe_id=msg.probe_id, received_at_ns=t,
+                                           replied_at_ns=max(t, time.time_ns()))))
         else:
             self.unexpected.append(f"{d.daemon_id}: unexpected {type(msg).__name__}")
 

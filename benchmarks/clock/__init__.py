@@ -1,0 +1,1 @@
+"""Clock-offset estimates against planted offsets on a loopback fleet (``python -m benchmarks.clock``)."""
