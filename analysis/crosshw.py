@@ -175,3 +175,17 @@ def compare_hardware(ds: xr.Dataset, normalise: str = "per_gpu", prices: Mapping
     return CrossHardware(MODE, normalise, label, column, latency, classes, used, source, ranking, pareto, measured,
                          warnings + list(ranking.warnings))
 
+
+def parse_prices(items: list[str]) -> dict[str, float] | None:
+    """``["a100=2.5", ...]`` -> ``{"a100": 2.5}`` (None when none given); AnalysisInputError names a bad item."""
+    out: dict[str, float] = {}
+    for item in items:
+        cls, sep, value = item.rpartition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = float("nan")
+        if not sep or not cls or not price > 0 or price == float("inf"):
+            raise AnalysisInputError(f"--gpu-hour-price {item!r}: expected CLASS=USD with USD > 0")
+        out[cls] = price
+    return out or None
