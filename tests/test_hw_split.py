@@ -115,7 +115,9 @@ def test_analyze_gives_one_document_per_class_and_skips_pooled_sections(two: xr.
     for p in parts:
         assert {g["group"]["hardware_class"] for g in p["ranking"]["groups"]} == {p["hardware_class"]}
         assert {g["group"]["hardware_class"] for g in p["pareto"]["groups"]} == {p["hardware_class"]}
-        assert p["importance"]["hardware_class"] == p["hardware_class"]
+        assert p["context"]["hardware"] == p["hardware_class"]
+        ok = trial_table(_alone(small, p["hardware_class"]))
+        assert p["importance"]["n_trials"] == int(((ok.status == "ok") & ~ok.is_baseline).sum())
     one = analyze(small, n_boot=2, hardware_class=B)
     assert one["hardware_class"] == B and "per_hardware_class" not in one
     with pytest.raises(AnalysisInputError, match="unknown hardware class 'nope'"):
@@ -138,11 +140,12 @@ def test_cross_hardware_per_gpu_normalises_and_labels_every_output(two: xr.Datas
     for result in (c.ranking, c.front):
         assert len(result.groups) == 1 and result.groups[0].group["hardware_class"].startswith("cross-hardware (")
     rows = c.ranking.groups[0].rows
-    assert {c.measured_on[r.config_id] for r in rows} == {A, B} and len(rows) == 16  # 8 configs x 2 classes
     df = trial_table(ds)
+    pairs = set(zip(df.config_id.astype(str), df.hardware_class.astype(str)))
+    assert {c.measured_on[r.config_id] for r in rows} == {A, B} and len(rows) == len(pairs)  # one row per pair
     for r in rows:
         cfg, cls = r.config_id.rsplit("@", 1)
-        sub = df[(df.config_id == cfg) & (df.hardware_class == cls)]
+        sub = df[(df.config_id == cfg) & (df.hardware_class == cls) & (df.status == "ok")]
         assert r.label.endswith(f" on {cls}")
         want = float(np.median(sub.output_throughput / sub.param_tensor_parallel_size))
         assert r.score.estimate == pytest.approx(want)
@@ -160,7 +163,7 @@ def test_per_gpu_hour_uses_the_users_prices_and_refuses_without_them(two: xr.Dat
     df = trial_table(two)
     for r in c.ranking.groups[0].rows:
         cfg, cls = r.config_id.rsplit("@", 1)
-        sub = df[(df.config_id == cfg) & (df.hardware_class == cls)]
+        sub = df[(df.config_id == cfg) & (df.hardware_class == cls) & (df.status == "ok")]
         want = float(np.median(sub.output_throughput * 3600.0 / c.prices[cls]))
         assert r.score.estimate == pytest.approx(want)
     spec_priced = two.assign_attrs(gpu_hour_prices='{"sim-gpu-a": 1.0, "sim-gpu-b": 2.0}')
@@ -182,7 +185,8 @@ def _with_failover(ds: xr.Dataset) -> tuple[xr.Dataset, np.ndarray]:
     """Two trials of class a's first config tagged as moved there from class b."""
     hw = ds["hardware_class"].values.astype(str)
     cfg = ds["config_id"].values.astype(str)
-    target = np.flatnonzero((hw == A) & (cfg == cfg[hw == A][0]))[:2]
+    ok = ds["status"].values.astype(str) == "ok"
+    target = np.flatnonzero((hw == A) & ok & (cfg == cfg[(hw == A) & ok][0]))[:2]
     tags = np.full(ds.sizes["trial"], "", dtype=object)
     tags[target[0]] = f"{FAILOVER_PREFIX}{B}"
     tags[target[1]] = f'["other", "{FAILOVER_PREFIX}{B}"]'

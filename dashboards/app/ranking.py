@@ -59,10 +59,14 @@ class RankingPage(pn.viewable.Viewer):
         self.cross_body = pn.Column(sizing_mode="stretch_width")
         for w in (self.cross, self.prices):
             w.param.watch(lambda e: self.start_cross(), "value")
-        self.no_failover.param.watch(lambda e: (self.start(), self.start_cross()), "value")
+        self.no_failover.param.watch(lambda e: self._restart(), "value")
         self.body = pn.Column(sizing_mode="stretch_width")
         self.policy.param.watch(lambda e: self.start(), "value")
         self.version = state.version(self.folder)
+        self.start()
+        self.start_cross()
+
+    def _restart(self) -> None:
         self.start()
         self.start_cross()
 
