@@ -120,19 +120,8 @@ def _per_class_document(ds: xr.Dataset, classes: list[str], cross: Any, **kw: An
     df = trial_table(ds)
     why = (f"the trials ran on {len(classes)} hardware classes ({', '.join(classes)}), which never share an "
            "analysis: see per_hardware_class (one document per class)")
-    design, randomized = design_of(ds)
     doc: dict[str, Any] = {
-        "report_version": REPORT_VERSION,
-        "experiment": str(ds.attrs.get("experiment", "")),
-        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
-        [str(ds.attrs.get("experiment", ""))],
-        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
-        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
-        "context": jsonable(context_of(ds, kw.get("load_point"))),
-        "metric": parts[0]["metric"],
-        "load_point": kw.get("load_point"),
-        "parameters": [p.name for p in parameters(ds)],
-        "counts": _counts(df),
+        **_head(ds, df, parts[0]["metric"], kw.get("load_point"), [p.name for p in parameters(ds)]),
         "timings_s": {k: round(sum(float(p["timings_s"].get(k, 0.0)) for p in parts), 3) for k in _SECTIONS},
         **{k: {"skipped": why} for k in _SECTIONS},
         "hardware_class": None,
@@ -145,6 +134,24 @@ def _per_class_document(ds: xr.Dataset, classes: list[str], cross: Any, **kw: An
     if cross is not None:
         doc["cross_hardware"] = cross
     return doc
+
+
+def _head(ds: xr.Dataset, df: pd.DataFrame, metric: str, lp: str | None, params: list[str]) -> dict[str, Any]:
+    """The fields every document starts with: what was analysed, its design, context and counts."""
+    design, randomized = design_of(ds)
+    return {
+        "report_version": REPORT_VERSION,
+        "experiment": str(ds.attrs.get("experiment", "")),
+        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
+        [str(ds.attrs.get("experiment", ""))],
+        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
+        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
+        "context": jsonable(context_of(ds, lp)),
+        "metric": metric,
+        "load_point": lp,
+        "parameters": params,
+        "counts": _counts(df),
+    }
 
 
 def _analyze_one(ds: xr.Dataset, metric: str | None, load_point: str | None, policy: str, n_boot: int, seed: int,
@@ -167,22 +174,8 @@ def _analyze_one(ds: xr.Dataset, metric: str | None, load_point: str | None, pol
 
     if policy not in POLICIES:
         raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
-    design, randomized = design_of(ds)
     params = [p.name for p in parameters(ds)]
-    doc: dict[str, Any] = {
-        "report_version": REPORT_VERSION,
-        "experiment": str(ds.attrs.get("experiment", "")),
-        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
-        [str(ds.attrs.get("experiment", ""))],
-        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
-        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
-        "context": jsonable(context_of(ds, lp)),
-        "metric": metric,
-        "load_point": lp,
-        "parameters": params,
-        "counts": _counts(df),
-        "timings_s": {},
-    }
+    doc: dict[str, Any] = {**_head(ds, df, metric, lp, params), "timings_s": {}}
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("pareto", lambda: _pareto(ds, df)),
         ("ranking", lambda: _ranking(ds, policy, seed, df)),
