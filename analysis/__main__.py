@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from analysis.crosshw import parse_prices
 from analysis.frame import AnalysisInputError
 from analysis.load import load_many
 from analysis.report import analyze, stderr_progress, validate_report
@@ -37,7 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="slo_throughput", help="ranking policy (default: slo_throughput)")
     p.add_argument("--n-boot", type=int, default=100, help="bootstrap fits for importance (default 100)")
     p.add_argument("--seed", type=int, default=0)
+    add_hardware_arguments(p)
     return parser
+
+
+def add_hardware_arguments(p: argparse.ArgumentParser) -> None:
+    """The hardware-class options shared by ``analyze`` and the static report."""
+    p.add_argument("--hardware-class", default=None,
+                   help="analyse this hardware class only (default: each class on its own; classes never mix)")
+    p.add_argument("--exclude-failover", action="store_true",
+                   help="leave out failover trials (tag failover-from:...); default: included and marked")
+    p.add_argument("--cross-hardware", choices=("per_gpu", "per_gpu_hour"), default=None,
+                   help="add the labelled cross-hardware comparison on a normalised metric")
+    p.add_argument("--gpu-hour-price", action="append", default=[], metavar="CLASS=USD",
+                   help="US dollars per GPU-hour of a hardware class, for --cross-hardware per_gpu_hour (repeat)")
+
+
+def hardware_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`analysis.report.analyze` from :func:`add_hardware_arguments`."""
+    return {"hardware_class": args.hardware_class, "include_failover": not args.exclude_failover,
+            "cross_hardware": args.cross_hardware, "prices": parse_prices(args.gpu_hour_price)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --n-boot must be >= 0, got {args.n_boot}", file=sys.stderr)
         return 2
     try:
+        hw = hardware_options(args)
         ds = load_many(args.experiments, args.results_root)
         doc = analyze(ds, metric=args.metric, load_point=args.load_point, policy=args.policy,
-                      n_boot=args.n_boot, seed=args.seed, progress=stderr_progress("analysis"))
+                      n_boot=args.n_boot, seed=args.seed, progress=stderr_progress("analysis"), **hw)
     except (AnalysisInputError, ServetuneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +93,16 @@ def summary_text(doc: dict[str, Any]) -> str:
     lines = [f"experiment {doc['experiment']}: {doc['counts']['trials']} trials "
              f"({doc['counts']['ok']} ok, {doc['counts']['failed']} failed, {doc['counts']['hole']} holes); "
              f"{doc['design']['claim']['kind']}s: {doc['design']['claim']['why']}"]
+    for part in doc.get("per_hardware_class") or []:
+        lines.append(f"hardware class {part.get('hardware_class')} (analysed on its own):")
+        lines.extend("  " + line for line in summary_text(part).splitlines()[1:])
+    cross = doc.get("cross_hardware")
+    if isinstance(cross, dict):
+        lines.append(f"  {cross.get('label')}")
+        for group in (cross.get("ranking") or {}).get("groups", []):
+            rows = group.get("rows") or []
+            if rows:
+                lines.append(f"    load point {group.get('group', {}).get('load_point')}: #1 {rows[0].get('label')}")
     ranking = doc.get("ranking", {})
     for group in ranking.get("groups", []) if isinstance(ranking, dict) else []:
         rows = group.get("rows") or []

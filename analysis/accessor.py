@@ -25,6 +25,7 @@ import pandas as pd
 import xarray as xr
 
 from analysis.frame import Parameter, filter_trials, parameters, trial_table
+from analysis.hardware import failover_of
 
 
 @xr.register_dataset_accessor("sweep")
@@ -51,19 +52,25 @@ class SweepAccessor:
         hardware_class: str | Sequence[str] | None = None,
         include_baseline: bool = True,
         scenario: str | Sequence[str] | None = None,
+        include_failover: bool = True,
         **param_values: Any,
     ) -> xr.Dataset:
         """The trials matching every filter, as a new dataset (attributes kept).
 
         ``scenario`` is an alias of ``load_point``. Parameter filters are keyed by parameter name
-        (``max_num_seqs=[8, 16]``, ``max_num_batched_tokens=(1024, 4096)`` for a range)."""
+        (``max_num_seqs=[8, 16]``, ``max_num_batched_tokens=(1024, 4096)`` for a range).
+        ``include_failover=False`` leaves out failover trials (tag ``failover-from:...``,
+        :mod:`analysis.hardware`)."""
         if scenario is not None and load_point is not None:
             raise ValueError("give load_point or its alias scenario, not both")
         df = trial_table(self._ds)
         kept = filter_trials(df, status=status, load_point=scenario if scenario is not None else load_point,
                              dataset=dataset, hardware_class=hardware_class, include_baseline=include_baseline,
                              **param_values)
-        positions = np.flatnonzero(df.index.isin(kept.index))
+        keep = df.index.isin(kept.index)
+        if not include_failover:
+            keep &= failover_of(self._ds) == ""
+        positions = np.flatnonzero(keep)
         return self._ds.isel(trial=positions)
 
     # ------------------------------------------------------------------ analyses

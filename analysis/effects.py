@@ -116,15 +116,17 @@ def _claim(sur: Surrogate, ds: xr.Dataset, names: Sequence[str]) -> Claim:
 def partial_dependence(ds: xr.Dataset, params: str | Sequence[str], metric: str | None = None,
                        load_point: str | None = None, n_boot: int = 50, grid_points: int = 12, ice: bool = True,
                        seed: int = 0, hardware_class: str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
-                       pd_rows: int = 256, ice_rows: int = 50, n_trees: int = DEFAULT_TREES) -> PDResult:
+                       pd_rows: int = 256, ice_rows: int = 50, n_trees: int = DEFAULT_TREES,
+                       include_failover: bool = True) -> PDResult:
     """Partial dependence of ``metric`` on one or two parameters, with ICE and bootstrap bands.
 
     Args:
         ds: an experiment dataset.
         params: a parameter name or a sequence of one or two names.
         metric: default the ranking objective.
-        load_point, hardware_class: analyse within one scenario (otherwise pooled; see
-            :mod:`analysis.surrogate`).
+        load_point, hardware_class: analyse within one scenario (load points otherwise pooled; see
+            :mod:`analysis.surrogate`). With trials of several hardware classes ``hardware_class``
+            is required: classes never share a fit.
         n_boot: bootstrap refits for the forest's bands, used only where the regression's intervals
             are not (0: no bands, NaN bounds; the result's ``n_boot`` says how many were used).
         grid_points: most grid values for a many-valued numeric parameter.
@@ -133,12 +135,14 @@ def partial_dependence(ds: xr.Dataset, params: str | Sequence[str], metric: str 
         max_rows: trials used to fit (whole configs).
         pd_rows: trials averaged over for each PD value (a subsampling note says when that cut).
         n_trees: trees per forest.
+        include_failover: keep failover trials (tag ``failover-from:...``, with a caveat) or leave
+            them out (:mod:`analysis.hardware`).
 
     Returns:
         a :class:`PDResult`; :class:`AnalysisInputError` for an unknown or constant parameter or
         more than two names.
     """
-    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees)
+    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
     return partial_dependence_from(sur, ds, params, n_boot=n_boot, grid_points=grid_points, ice=ice,
                                    pd_rows=pd_rows, ice_rows=ice_rows)
 
@@ -146,9 +150,10 @@ def partial_dependence(ds: xr.Dataset, params: str | Sequence[str], metric: str 
 def partial_dependence_all(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None,
                            n_boot: int = 50, grid_points: int = 12, ice: bool = True, seed: int = 0,
                            hardware_class: str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
-                           pd_rows: int = 256, ice_rows: int = 50, n_trees: int = DEFAULT_TREES) -> list[PDResult]:
+                           pd_rows: int = 256, ice_rows: int = 50, n_trees: int = DEFAULT_TREES,
+                           include_failover: bool = True) -> list[PDResult]:
     """1-D partial dependence of every varying feature (one shared surrogate and set of refits)."""
-    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees)
+    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
     return [partial_dependence_from(sur, ds, f.name, n_boot=n_boot, grid_points=grid_points, ice=ice,
                                     pd_rows=pd_rows, ice_rows=ice_rows) for f in sur.features]
 

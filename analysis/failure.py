@@ -79,6 +79,7 @@ import xarray as xr
 
 from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, context_of
 from analysis.frame import AnalysisInputError, Parameter, parameters, trial_table
+from analysis.hardware import select_failover
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def failure_probability(
     seed: int = 0,
     max_bins: int = 4,
     cuts: Mapping[str, Sequence[float]] | None = None,
+    include_failover: bool = True,
 ) -> FailureResult:
     """Failure probability by parameter region, per hardware class, with failure kinds kept apart.
 
@@ -228,6 +230,8 @@ def failure_probability(
         max_bins: numeric parameters with more levels are cut into this many quantile bins.
         cuts: explicit cut points for numeric parameters (``{"max_num_seqs": [128]}`` gives the
             regions ``< 128`` and ``>= 128``).
+        include_failover: keep failover trials (tag ``failover-from:...``, with a caveat) or leave
+            them out (:mod:`analysis.hardware`).
     Returns:
         :class:`FailureResult`.
     Raises:
@@ -253,13 +257,14 @@ def failure_probability(
         if by_name[name].kind != "numeric":
             raise AnalysisInputError(f"cuts given for {name!r}, which is not numeric")
 
+    notes = Notes()
+    ds, _, _ = select_failover(ds, None, include_failover, notes)
     df = trial_table(ds)
     if load_point is not None:
         lps = set(df["load_point"].astype(str)) if "load_point" in df else set()
         if load_point not in lps:
             raise AnalysisInputError(f"unknown load_point {load_point!r}; the dataset has: {', '.join(sorted(lps))}")
         df = df[df["load_point"].astype(str) == load_point]
-    notes = Notes()
     is_baseline = df["is_baseline"].astype(bool).to_numpy() if "is_baseline" in df else np.zeros(len(df), bool)
     n_baseline = int(is_baseline.sum())
     df = df[~is_baseline]

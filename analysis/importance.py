@@ -116,26 +116,30 @@ def _mean_abs_shap(model: Any, X: np.ndarray) -> np.ndarray:
 
 def importance(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None, n_boot: int = 100,
                seed: int = 0, max_rows: int = DEFAULT_MAX_ROWS, shap_rows: int = 32, perm_rows: int = 800,
-               hardware_class: str | None = None, n_trees: int = DEFAULT_TREES) -> ImportanceResult:
+               hardware_class: str | None = None, n_trees: int = DEFAULT_TREES,
+               include_failover: bool = True) -> ImportanceResult:
     """Bootstrapped permutation and SHAP importance of every swept parameter, against a noise probe.
 
     Args:
         ds: an experiment dataset.
         metric: the metric explained; default the ranking objective (``ds.attrs["ranking"]``).
-        load_point, hardware_class: analyse within one scenario (otherwise pooled; see
-            :mod:`analysis.surrogate`).
+        load_point, hardware_class: analyse within one scenario (load points otherwise pooled; see
+            :mod:`analysis.surrogate`). With trials of several hardware classes ``hardware_class``
+            is required: classes never share a fit.
         n_boot: bootstrap refits of the surrogate.
         seed: seeds everything (same seed, same answer).
         max_rows: trials used for fitting (whole configs), above which a subsample is taken.
         shap_rows: held-out rows per fit explained with SHAP.
         perm_rows: held-out rows per fit used for permutation importance.
         n_trees: trees per forest.
+        include_failover: keep failover trials (tag ``failover-from:...``, with a caveat) or leave
+            them out (:mod:`analysis.hardware`).
 
     Returns:
         an :class:`ImportanceResult` with the claim (effect or association), caveats and
         subsampling notes.
     """
-    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees)
+    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
     return importance_from(sur, ds, n_boot=n_boot, shap_rows=shap_rows, perm_rows=perm_rows)
 
 

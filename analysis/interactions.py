@@ -135,14 +135,16 @@ class InteractionResult:
 def interactions(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None,
                  pairs: Sequence[tuple[str, str]] | None = None, max_pairs: int = 100, seed: int = 0,
                  n_boot: int = 10, h_rows: int = 80, shap_rows: int = 24, hardware_class: str | None = None,
-                 max_rows: int = DEFAULT_MAX_ROWS, n_trees: int = DEFAULT_TREES) -> InteractionResult:
+                 max_rows: int = DEFAULT_MAX_ROWS, n_trees: int = DEFAULT_TREES,
+                 include_failover: bool = True) -> InteractionResult:
     """Pairwise interactions of the swept parameters on ``metric``.
 
     Args:
         ds: an experiment dataset.
         metric: default the ranking objective.
-        load_point, hardware_class: analyse within one scenario (otherwise pooled; see
-            :mod:`analysis.surrogate`).
+        load_point, hardware_class: analyse within one scenario (load points otherwise pooled; see
+            :mod:`analysis.surrogate`). With trials of several hardware classes ``hardware_class``
+            is required: classes never share a fit.
         pairs: the pairs to compute (default all pairs of varying features).
         max_pairs: compute at most this many pairs (those of the most important features).
         seed: seeds everything.
@@ -151,12 +153,14 @@ def interactions(ds: xr.Dataset, metric: str | None = None, load_point: str | No
         shap_rows: trials explained with SHAP interaction values.
         max_rows: trials used to fit (whole configs).
         n_trees: trees per forest.
+        include_failover: keep failover trials (tag ``failover-from:...``, with a caveat) or leave
+            them out (:mod:`analysis.hardware`).
 
     Returns:
         an :class:`InteractionResult`; :class:`AnalysisInputError` for an unknown or constant
         parameter in ``pairs``.
     """
-    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees)
+    sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
     return interactions_from(sur, ds, pairs=pairs, max_pairs=max_pairs, n_boot=n_boot, h_rows=h_rows,
                              shap_rows=shap_rows)
 
@@ -199,7 +203,7 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
     srows = sample_rows(len(sur.y), shap_rows, np.random.default_rng([sur.seed, 6]))
     notes.subsample("trials explained with SHAP interaction values", len(srows), len(sur.y))
     shap_pair = _shap_pairs(sur.model, sur.X[srows], chosen)
-    df, _ = analysed_trials(ds, sur.metric, sur.load_point, sur.hardware_class)
+    df, _ = analysed_trials(ds, sur.metric, sur.load_point, sur.hardware_class, sur.include_failover)
     y_all = pd.to_numeric(df[sur.metric], errors="coerce").to_numpy(dtype=float)
     out: list[PairInteraction] = []
     for i, (j, k) in enumerate(chosen):

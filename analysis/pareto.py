@@ -34,6 +34,7 @@ import xarray as xr
 
 from analysis.common import Caveat, Notes, Subsample
 from analysis.frame import PARAM_PREFIX, AnalysisInputError, lean_table, metric_sense
+from analysis.hardware import require_separate, select_failover
 
 log = logging.getLogger(__name__)
 
@@ -445,6 +446,7 @@ class ParetoPoint:
     on_front: bool
     p_front: float | None
     n_repeats: int
+    n_failover: int = 0
 
 
 @dataclass(frozen=True)
@@ -477,7 +479,8 @@ class ParetoResult:
 
 def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_ms_p99"),
           by: Sequence[str] = ("load_point", "hardware_class"), n_boot: int = 200, seed: int = 0,
-          status: str = "ok", table: pd.DataFrame | None = None, points: Literal["all", "front"] = "all") -> ParetoResult:
+          status: str = "ok", table: pd.DataFrame | None = None, points: Literal["all", "front"] = "all",
+          include_failover: bool = True) -> ParetoResult:
     """Pareto front of engine configs per scenario x hardware class.
 
     Args:
@@ -485,7 +488,9 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
         metrics: two or three metric columns of :func:`analysis.frame.trial_table` (e.g.
             ``output_throughput`` and ``ttft_ms_p99``, or ``output_tokens_per_gpu`` and
             ``output_tokens_per_user``); their senses come from :func:`analysis.frame.metric_sense`.
-        by: grouping columns; incomparable hardware classes never share a front.
+        by: grouping columns; incomparable hardware classes never share a front (a ``by`` without
+            ``hardware_class`` on trials of several classes is refused; :mod:`analysis.crosshw`
+            compares classes on normalised metrics).
         n_boot: bootstrap resamples of every config's repeats for ``p_front`` (0 skips it).
         seed: seed of the resampling.
         status: trials counted (``ok``); baseline trials are always left out.
@@ -497,6 +502,8 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
             (the same objects, in the same order; ``n_points`` still counts every config), which is
             what a large experiment's plot of the front needs: no point object for each of
             hundreds of thousands of dominated configs.
+        include_failover: keep failover trials (tag ``failover-from:...``), marked in each point's
+            ``n_failover`` and a caveat; ``False`` leaves them out (:mod:`analysis.hardware`).
 
     Returns:
         A :class:`ParetoResult`: per group one point per config with usable trials (or only the
@@ -511,11 +518,13 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
     if points not in ("all", "front"):
         raise AnalysisInputError(f"points must be 'all' or 'front', got {points!r}")
     senses = tuple(metric_sense(m) for m in metrics)
+    require_separate(ds if table is None else table, by, "a Pareto front")
+    notes = Notes()
+    ds, table, moved = select_failover(ds, table, include_failover, notes, by)
     if table is None:
         df = lean_table(ds, [*base_columns(by), *metrics])
     else:
         df = table
-    notes = Notes()
     groups = config_groups(df, metrics, by, status=status, with_trials=n_boot > 0,
                            source=ds if table is None else None)
     out: list[ParetoGroup] = []
@@ -538,7 +547,8 @@ def front(ds: xr.Dataset, metrics: Sequence[str] = ("output_throughput", "ttft_m
         pts = [
             ParetoPoint(config_id=str(g.config_ids[c]), label=g.labels[c], params=params[k],
                         values={m: float(g.medians[c, j]) for j, m in enumerate(metrics)}, on_front=bool(mask[i]),
-                        p_front=None if n_boot <= 0 else float(p[i]), n_repeats=int(g.counts[c]))
+                        p_front=None if n_boot <= 0 else float(p[i]), n_repeats=int(g.counts[c]),
+                        n_failover=moved.n_failover(g.key, str(g.config_ids[c])))
             for k, (i, c) in enumerate(zip(listed.tolist(), idx[listed].tolist()))
         ]
         n_without = int((~has).sum())

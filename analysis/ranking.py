@@ -66,6 +66,7 @@ import xarray as xr
 
 from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
 from analysis.frame import AnalysisInputError, lean_table, metric_sense, quantile_column, table_columns
+from analysis.hardware import require_separate, select_failover
 from analysis.pareto import ConfigGroup, base_columns, bootstrap_medians, config_groups
 from servetune.ranking import FAILS as _FAILS
 from servetune.ranking import MEETS as _MEETS
@@ -101,6 +102,7 @@ class RankedRow:
     p_best: float | None
     values: dict[str, float]
     n_lost: int = 0
+    n_failover: int = 0
 
 
 @dataclass(frozen=True)
@@ -402,7 +404,7 @@ def _best(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
 def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None = None,
          weights: dict[str, float] | None = None, slos: list[dict[str, Any]] | None = None, n_boot: int = 1000,
          seed: int = 0, by: Sequence[str] = ("load_point", "hardware_class"), latency: str | None = None,
-         table: pd.DataFrame | None = None, top: int | None = None) -> RankingResult:
+         table: pd.DataFrame | None = None, top: int | None = None, include_failover: bool = True) -> RankingResult:
     """Rank engine configs per scenario x hardware class under ``policy``.
 
     Args:
@@ -416,7 +418,9 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
             ``p_best``: the fast path for very large datasets).
         seed: seed of the resampling (each config draws from its own stream, see
             :func:`analysis.pareto.bootstrap_medians`).
-        by: grouping columns; incomparable hardware classes never share a ranking.
+        by: grouping columns; incomparable hardware classes never share a ranking (a ``by`` without
+            ``hardware_class`` on trials of several classes is refused; :mod:`analysis.crosshw`
+            compares classes on normalised metrics).
         latency: for ``knee``: the latency axis (default the first SLO's column, else ``ttft_ms_p99``).
         table: the trial table of ``ds`` if already built (switching policies then costs no re-flattening;
             its grouping is cached while the object lives, so do not modify it in place between calls).
@@ -426,18 +430,24 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
             distinguishability and every listed row are exactly those of the full ranking;
             ``n_ranked`` still counts every config. For large experiments: no row object for each
             of hundreds of thousands of configs.
+        include_failover: keep failover trials (tag ``failover-from:...``), marked in each row's
+            ``n_failover`` and a caveat; ``False`` leaves them out (:mod:`analysis.hardware`).
 
     Returns:
         A :class:`RankingResult` with the ordered rows of every group, whether #1 is distinguishable
         from #2, and caveats.
 
     Raises:
-        AnalysisInputError: an unknown policy, metric, SLO column or a bad weight.
+        AnalysisInputError: an unknown policy, metric, SLO column or a bad weight, or a grouping
+            that would mix hardware classes.
     """
     if policy not in POLICIES:
         raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(POLICIES)}")
     if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 0):
         raise AnalysisInputError(f"top must be a whole number >= 0 or None, got {top!r}")
+    require_separate(ds if table is None else table, by, "a ranking")
+    notes = Notes()
+    ds, table, moved = select_failover(ds, table, include_failover, notes, by)
     have: pd.DataFrame | Container[str] = set(table_columns(ds)) if table is None else table
     obj = _objective_of(ds, objective)
     metric_sense(obj)
@@ -453,7 +463,6 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
         df = lean_table(ds, needs)
     else:
         df = table
-    notes = Notes()
     if plan.gate == [] and policy in ("slo_throughput", "per_gpu", "per_cost") and not slo_list:
         notes.warn("no_slos", f"no SLOs are defined, so {policy} ranks by {plan.score_name} alone")
     extra = {name: fn(df) for name, fn in plan.derived.items()}
@@ -473,6 +482,9 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
         lost_of = lost_by_group.get(tuple(g.key.values()), {})
         n_lost = np.asarray([lost_of.get(str(c), 0) for c in g.config_ids], dtype=np.int64) if lost_of else None
         ranked, single = _rank_group(g, plan, n_boot, seed, top, n_lost)
+        if moved.by_cell:
+            ranked = dataclasses.replace(ranked, rows=[
+                dataclasses.replace(r, n_failover=moved.n_failover(g.key, r.config_id)) for r in ranked.rows])
         n_single += single
         n_two += int((g.counts == 2).sum())
         out.append(ranked)

@@ -5,6 +5,15 @@ by ``analysis/analyze.schema.json`` (checked in tests). A section that the data 
 (no swept parameter, no failures, no baseline) is present with ``{"skipped": "<why>"}`` rather than
 absent or invented. Everything a section subsampled to stay fast is also collected at the top
 level under ``subsampled``.
+
+Hardware classes never share a section (:mod:`analysis.hardware`). With one class the document is
+that class's analysis (``hardware_class`` names it). With several and none chosen, every section
+of the top-level document is skipped with the reason, and ``per_hardware_class`` holds one complete
+document per class (the report shows one section per class); ``hardware_class=`` analyses one.
+``cross_hardware`` (asked for with ``cross_hardware="per_gpu"`` or ``"per_gpu_hour"`` and the
+user's ``prices``) adds the labelled comparison of :func:`analysis.crosshw.compare_hardware`.
+Failover trials (tag ``failover-from:...``) are included and marked unless
+``include_failover=False`` leaves them out (a ``failover_excluded`` warning says how many).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +30,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import claim_for, context_of, design_of, jsonable
+from analysis.common import Notes, claim_for, context_of, design_of, jsonable
 from analysis.frame import AnalysisInputError, parameters, trial_table
+from analysis.hardware import classes_of, per_class, select_failover
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,10 @@ def analyze(
     n_boot: int = 100,
     seed: int = 0,
     progress: Progress | None = None,
+    hardware_class: str | None = None,
+    include_failover: bool = True,
+    cross_hardware: str | None = None,
+    prices: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every analysis on ``ds``; returns the JSON document (see the module docstring).
 
@@ -65,7 +79,89 @@ def analyze(
     ``load_point`` restricts those to one scenario (default: the scenario with the most ok trials,
     since parameter effects differ between workloads). ``n_boot`` bootstrap replicates for the
     importance fits (the other sections use their own documented defaults, scaled to it).
+    ``hardware_class`` analyses one class (default: each class on its own, see the module
+    docstring); ``include_failover`` keeps failover trials (marked) or leaves them out;
+    ``cross_hardware`` (``per_gpu`` / ``per_gpu_hour``, the latter with ``prices``: class -> USD
+    per GPU-hour, else the spec's) adds the labelled cross-hardware comparison (refused, with the
+    unpriced classes named, when a price is missing).
     """
+    from analysis.crosshw import NORMALISATIONS, compare_hardware
+
+    if cross_hardware is not None and cross_hardware not in NORMALISATIONS:
+        raise AnalysisInputError(f"unknown cross-hardware normalisation {cross_hardware!r}; known: "
+                                 f"{', '.join(NORMALISATIONS)}")
+    classes = classes_of(ds)
+    cross = None
+    if cross_hardware is not None:  # asked for explicitly: a missing price refuses the whole run
+        cross = jsonable(compare_hardware(ds, cross_hardware, prices, n_boot=max(0, n_boot), seed=seed,
+                                          include_failover=include_failover))
+    if hardware_class is not None:
+        if hardware_class not in classes:
+            raise AnalysisInputError(f"unknown hardware class {hardware_class!r}; the dataset has: "
+                                     f"{', '.join(classes) or 'none'}")
+        ds = dict(per_class(ds))[hardware_class]
+    elif len(classes) > 1:
+        return _per_class_document(ds, classes, cross, metric=metric, load_point=load_point, policy=policy,
+                                   n_boot=n_boot, seed=seed, progress=progress, include_failover=include_failover)
+    doc = _analyze_one(ds, metric, load_point, policy, n_boot, seed, progress, include_failover)
+    doc["hardware_class"] = classes_of(ds)[0] if classes_of(ds) else None
+    if cross is not None:
+        doc["cross_hardware"] = cross
+    return doc
+
+
+_SECTIONS = ("pareto", "ranking", "importance", "partial_dependence", "interactions", "failure", "drift")
+
+
+def _per_class_document(ds: xr.Dataset, classes: list[str], cross: Any, **kw: Any) -> dict[str, Any]:
+    """The document of a dataset of several classes: sections skipped at the top, one whole
+    document per class under ``per_hardware_class``."""
+    parts = [analyze(part, hardware_class=c, **kw) for c, part in per_class(ds)]
+    df = trial_table(ds)
+    why = (f"the trials ran on {len(classes)} hardware classes ({', '.join(classes)}), which never share an "
+           "analysis: see per_hardware_class (one document per class)")
+    doc: dict[str, Any] = {
+        **_head(ds, df, parts[0]["metric"], kw.get("load_point"), [p.name for p in parameters(ds)]),
+        "timings_s": {k: round(sum(float(p["timings_s"].get(k, 0.0)) for p in parts), 3) for k in _SECTIONS},
+        **{k: {"skipped": why} for k in _SECTIONS},
+        "hardware_class": None,
+        "hardware_classes": classes,
+        "per_hardware_class": parts,
+        "subsampled": [{**s, "hardware_class": p["hardware_class"]} for p in parts for s in p["subsampled"]],
+        "warnings": dedupe_warnings([{**w, "hardware_class": p["hardware_class"]}
+                                     for p in parts for w in p["warnings"]]),
+    }
+    if cross is not None:
+        doc["cross_hardware"] = cross
+    return doc
+
+
+def _head(ds: xr.Dataset, df: pd.DataFrame, metric: str, lp: str | None, params: list[str]) -> dict[str, Any]:
+    """The fields every document starts with: what was analysed, its design, context and counts."""
+    design, randomized = design_of(ds)
+    return {
+        "report_version": REPORT_VERSION,
+        "experiment": str(ds.attrs.get("experiment", "")),
+        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
+        [str(ds.attrs.get("experiment", ""))],
+        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
+        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
+        "context": jsonable(context_of(ds, lp)),
+        "metric": metric,
+        "load_point": lp,
+        "parameters": params,
+        "counts": _counts(df),
+    }
+
+
+def _analyze_one(ds: xr.Dataset, metric: str | None, load_point: str | None, policy: str, n_boot: int, seed: int,
+                 progress: Progress | None, include_failover: bool) -> dict[str, Any]:
+    """The document of one hardware class (or a dataset that records none)."""
+    dropped: list[dict[str, Any]] = []
+    if not include_failover:
+        notes = Notes()
+        ds, _, _ = select_failover(ds, None, False, notes)
+        dropped = [{**jsonable(w), "section": "design"} for w in notes.warnings]
     metric = metric or default_metric(ds)
     df = trial_table(ds)
     if metric not in df.columns:
@@ -78,22 +174,8 @@ def analyze(
 
     if policy not in POLICIES:
         raise AnalysisInputError(f"unknown ranking policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
-    design, randomized = design_of(ds)
     params = [p.name for p in parameters(ds)]
-    doc: dict[str, Any] = {
-        "report_version": REPORT_VERSION,
-        "experiment": str(ds.attrs.get("experiment", "")),
-        "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
-        [str(ds.attrs.get("experiment", ""))],
-        "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
-        "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
-        "context": jsonable(context_of(ds, lp)),
-        "metric": metric,
-        "load_point": lp,
-        "parameters": params,
-        "counts": _counts(df),
-        "timings_s": {},
-    }
+    doc: dict[str, Any] = {**_head(ds, df, metric, lp, params), "timings_s": {}}
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("pareto", lambda: _pareto(ds, df)),
         ("ranking", lambda: _ranking(ds, policy, seed, df)),
@@ -116,7 +198,7 @@ def analyze(
     if progress is not None:
         progress(len(sections), len(sections), "done")
     doc["subsampled"] = _collect(doc, "subsampled")
-    doc["warnings"] = dedupe_warnings(_design_warnings(ds) + _collect(doc, "warnings"))
+    doc["warnings"] = dedupe_warnings(dropped + _design_warnings(ds) + _collect(doc, "warnings"))
     return doc
 
 
@@ -187,7 +269,7 @@ def _collect(doc: dict[str, Any], key: str) -> list[Any]:
             for v in node:
                 walk(v, where)
 
-    for section in ("pareto", "ranking", "importance", "partial_dependence", "interactions", "failure", "drift"):
+    for section in _SECTIONS:
         walk(doc.get(section), section)
     return found
 

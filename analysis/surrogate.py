@@ -13,9 +13,13 @@ Choices (documented because every downstream number depends on them):
   otherwise (e.g. an SLO attainment with zeros). Results are reported back on the metric's scale
   (``exp`` of a log-scale average is a geometric mean).
 - **Rows**: ok, non-baseline trials of the chosen load point / hardware class with a finite metric.
-  When the dataset holds several load points (or hardware classes) and none is chosen, they are
-  pooled and ``load_point`` (``hardware_class``) enters the model as an extra categorical feature,
-  with a ``pooled_scenarios`` caveat; pass ``load_point=`` to analyse within one scenario.
+  When the dataset holds several load points and none is chosen, they are pooled and ``load_point``
+  enters the model as an extra categorical feature, with a ``pooled_scenarios`` caveat; pass
+  ``load_point=`` to analyse within one scenario. Hardware classes are never pooled: with trials of
+  several classes, ``hardware_class=`` must name one (:func:`analysis.hardware.one_class`), and
+  :func:`analysis.report.analyze` fits each class on its own. Failover trials (tag
+  ``failover-from:...``) are included with a ``failover_trials`` caveat unless
+  ``include_failover=False`` (:mod:`analysis.hardware`).
 - **Probe**: a column of uniform noise named :data:`PROBE` is added as a feature, so "as important
   as noise" has a yardstick. Each bootstrap fit draws a fresh probe.
 - **Missing values** (a flag not passed: vLLM's default) are coded as their own level below the
@@ -47,6 +51,7 @@ import xarray as xr
 
 from analysis.common import Caveat, Claim, Notes, Subsample, claim_for
 from analysis.frame import AnalysisInputError, Parameter, parameters, trial_table
+from analysis.hardware import failover_of, one_class
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +129,7 @@ class Surrogate:
     claim: Claim
     warnings: list[Caveat] = field(default_factory=list)
     subsampled: list[Subsample] = field(default_factory=list)
+    include_failover: bool = True
     _boot: list[BootFit] = field(default_factory=list, repr=False)
     _main_effects: dict[Any, Any] = field(default_factory=dict, repr=False)
     _permutations: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -210,12 +216,17 @@ def _forest(n_rows: int, n_trees: int, random_state: int, oob: bool) -> Any:
 
 
 def analysed_trials(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None,
-                    hardware_class: str | None = None) -> tuple[pd.DataFrame, str]:
-    """The ok, non-baseline trials of the chosen scenario with a finite ``metric``, and the metric.
+                    hardware_class: str | None = None, include_failover: bool = True) -> tuple[pd.DataFrame, str]:
+    """The ok, non-baseline trials of the chosen scenario with a finite ``metric``, and the metric
+    (failover trials left out when ``include_failover`` is false).
 
-    Raises :class:`AnalysisInputError` naming an unknown metric, load point or hardware class."""
+    Raises :class:`AnalysisInputError` naming an unknown metric, load point or hardware class, or
+    when the trials ran on several hardware classes and ``hardware_class`` names none."""
     metric = metric or default_metric(ds)
+    one_class(ds, hardware_class, "a surrogate fit (importance, partial dependence, interactions, verdicts)")
     df = trial_table(ds)
+    if not include_failover:
+        df = df[failover_of(df) == ""]
     if metric not in df:
         raise AnalysisInputError(f"unknown metric {metric!r}; not a column of the trial table")
     for col, want in (("load_point", load_point), ("hardware_class", hardware_class)):
@@ -238,7 +249,7 @@ def _features(ds: xr.Dataset, df: pd.DataFrame, load_point: str | None, hardware
     feats: list[Feature] = []
     cols: list[np.ndarray] = []
     candidates: list[tuple[Parameter, bool]] = [(p, True) for p in parameters(ds)]
-    for col, chosen in (("load_point", load_point), ("hardware_class", hardware_class)):
+    for col, chosen in (("load_point", load_point),):  # hardware classes are never pooled (analysed_trials)
         if chosen is None and col in df and df[col].astype(str).nunique() > 1:
             levels = tuple(sorted({str(v) for v in df[col].tolist()}))
             candidates.append((Parameter(col, col, "categorical", levels), False))
@@ -294,7 +305,7 @@ def _aliasing(feats: list[Feature], X: np.ndarray, notes: Notes) -> None:
 
 def fit_surrogate(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None,
                   hardware_class: str | None = None, seed: int = 0, max_rows: int = DEFAULT_MAX_ROWS,
-                  n_trees: int = DEFAULT_TREES) -> Surrogate:
+                  n_trees: int = DEFAULT_TREES, include_failover: bool = True) -> Surrogate:
     """Fit (or fetch from the cache) the surrogate of ``metric`` on the swept parameters plus a probe.
 
     Args:
@@ -304,13 +315,19 @@ def fit_surrogate(ds: xr.Dataset, metric: str | None = None, load_point: str | N
         seed: seeds the probe, the row subsample and every forest.
         max_rows: at most this many trials (whole configs) are used; a :class:`Subsample` says so.
         n_trees: trees per forest.
+        include_failover: keep failover trials (with a caveat) or leave them out.
 
     Returns:
         a :class:`Surrogate`. Raises :class:`AnalysisInputError` when fewer than 4 trials or no
-        varying parameter remain.
+        varying parameter remain, or the trials ran on several hardware classes and none is chosen.
     """
-    df, metric = analysed_trials(ds, metric, load_point, hardware_class)
+    df, metric = analysed_trials(ds, metric, load_point, hardware_class, include_failover)
     notes = Notes()
+    moved = failover_of(df)
+    if (moved != "").any():
+        notes.warn("failover_trials", f"{int((moved != '').sum())} of the {len(df)} analysed trials are failover "
+                   f"trials (moved from {', '.join(sorted(set(moved[moved != ''].tolist())))}): included; pass "
+                   "include_failover=False to leave them out")
     if len(df) < 4:
         raise AnalysisInputError(f"only {len(df)} ok non-baseline trials with a finite {metric} "
                                  f"(load_point={load_point!r}, hardware_class={hardware_class!r}); need at least 4")
@@ -324,7 +341,7 @@ def fit_surrogate(ds: xr.Dataset, metric: str | None = None, load_point: str | N
     codes, uniq = pd.factorize(config)
     repeats = len(uniq) < len(df)
     clusters = codes if repeats else np.arange(len(df))
-    key = _cache_key(X, y, clusters, metric, load_point, hardware_class, seed, max_rows, n_trees)
+    key = _cache_key(X, y, clusters, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
@@ -350,7 +367,7 @@ def fit_surrogate(ds: xr.Dataset, metric: str | None = None, load_point: str | N
     oob = float(getattr(model, "oob_score_", math.nan))
     sur = Surrogate(metric, log_target, feats, Xp, y, clusters, "configs" if repeats else "trials", df, n_trials,
                     model, oob, load_point, hardware_class, seed, n_trees, claim_for(ds), notes.warnings,
-                    notes.subsampled)
+                    notes.subsampled, include_failover)
     _CACHE[key] = sur
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

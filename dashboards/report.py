@@ -7,7 +7,11 @@ winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importa
 and verdicts, the failure map (regions with Wilson intervals), every warning and the
 causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
 hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
-:func:`analysis.report.analyze`, exactly what ``analyze --json`` prints.
+:func:`analysis.report.analyze`, exactly what ``analyze --json`` prints. With trials of several
+hardware classes every section is shown once per class (classes never share a ranking, a front or
+a fit); ``--cross-hardware per_gpu|per_gpu_hour`` (the latter with ``--gpu-hour-price CLASS=USD``)
+adds the labelled cross-hardware comparison on a normalised metric, and ``--exclude-failover``
+leaves out failover trials (default: included, marked in the tables and the warnings).
 
 Panel's ``save(resources=INLINE)`` inlines the JavaScript but its documents still point at CSS on
 ``cdn.holoviz.org`` (``ImportedStyleSheet`` models in the embedded Bokeh document) and at favicons.
@@ -43,8 +47,10 @@ from typing import Any
 
 import xarray as xr
 
+from analysis.__main__ import add_hardware_arguments, hardware_options
 from analysis.common import jsonable
 from analysis.frame import AnalysisInputError, trial_table
+from analysis.hardware import per_class
 from analysis.load import load_many
 from analysis.pareto import param_values
 from analysis.report import Progress, stderr_progress
@@ -234,27 +240,41 @@ def spec_ranking(ds: xr.Dataset) -> dict[str, Any]:
 
 
 def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0,
-            progress: Progress | None = None) -> dict[str, Any]:
+            progress: Progress | None = None, **hardware: Any) -> dict[str, Any]:
     """The analysis document the report shows (see :func:`analysis.report.analyze`).
 
     ``policy`` None means the spec's: ``slo_throughput`` of its objective, gated by its SLOs unless
-    the spec says ``require_slos: false`` (then ranked without the gate)."""
+    the spec says ``require_slos: false`` (then ranked without the gate). ``hardware``:
+    ``hardware_class``, ``include_failover``, ``cross_hardware`` and ``prices`` of ``analyze``; with
+    several classes the report has one section per class (``per_hardware_class``)."""
     from analysis.ranking import rank
     from analysis.report import analyze
 
-    doc = analyze(ds, policy=policy or "slo_throughput", n_boot=n_boot, seed=seed, progress=progress)
+    doc = analyze(ds, policy=policy or "slo_throughput", n_boot=n_boot, seed=seed, progress=progress, **hardware)
+    parts = doc.get("per_hardware_class") or [doc]
+    subsets = dict(per_class(ds))
+    for part in parts:
+        part["policy_source"] = "command line" if policy else "spec"
+        if policy is None and spec_ranking(ds).get("require_slos") is False and "groups" in part.get("ranking", {}):
+            sub = subsets.get(part.get("hardware_class") or "", ds)
+            ranking = jsonable(rank(sub, policy="slo_throughput", slos=[], seed=seed,
+                                    include_failover=hardware.get("include_failover", True)))
+            part["ranking"] = ranking
+            part["warnings"] = [w for w in part["warnings"] if w.get("section") != "ranking"]
+            part["warnings"] += [{**w, "section": "ranking"} for w in ranking.get("warnings", [])]
     doc["policy_source"] = "command line" if policy else "spec"
-    if policy is None and spec_ranking(ds).get("require_slos") is False:
-        ranking = jsonable(rank(ds, policy="slo_throughput", slos=[], seed=seed))
-        doc["ranking"] = ranking
-        doc["warnings"] = [w for w in doc["warnings"] if w.get("section") != "ranking"]
-        doc["warnings"] += [{**w, "section": "ranking"} for w in ranking.get("warnings", [])]
     return doc
 
 
 def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = None,
                     served_model_name: str | None = None) -> dict[str, str]:
-    """config_id -> the ``vllm serve`` command text for the #1 config of each ranking group."""
+    """config_id -> the ``vllm serve`` command text for the #1 config of each ranking group (of
+    every hardware class's document when there are several)."""
+    if doc.get("per_hardware_class"):
+        out_all: dict[str, str] = {}
+        for part in doc["per_hardware_class"]:
+            out_all.update(winner_commands(ds, part, model, served_model_name))
+        return out_all
     ranking = doc.get("ranking")
     if not isinstance(ranking, dict) or "groups" not in ranking:
         return {}
@@ -490,12 +510,35 @@ def _warnings_html(doc: dict[str, Any]) -> str:
 
 
 def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
-    """The report as a Panel layout (HTML panes and HoloViews/Bokeh plots)."""
+    """The report as a Panel layout (HTML panes and HoloViews/Bokeh plots): with several hardware
+    classes one section per class (never a shared ranking, front or fit), then the asked-for
+    cross-hardware comparison, labelled as such."""
     import holoviews as hv  # type: ignore[import-untyped]
     import panel as pn
 
     hv.extension("bokeh", logo=False)
     items: list[Any] = [_html(_header_html(ds, doc))]
+    parts = doc.get("per_hardware_class") or []
+    if parts:
+        items.append(_html(f"<p class=\"claim\">The trials ran on {len(parts)} hardware classes "
+                           f"({_e(', '.join(doc.get('hardware_classes', [])))}); each is analysed on its own below, "
+                           "since incomparable hardware never shares a ranking, a front or a fit.</p>"))
+        for part in parts:
+            items.append(_html(f"<h1 class=\"hw-class\">Hardware class {_e(part.get('hardware_class'))}</h1>"))
+            items += _sections(part, commands)
+    else:
+        items += _sections(doc, commands)
+    if isinstance(doc.get("cross_hardware"), dict):
+        items.append(_html(_cross_html(doc["cross_hardware"])))
+    items.append(_html(_warnings_html(doc)))
+    return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
+
+
+def _sections(doc: dict[str, Any], commands: dict[str, str]) -> list[Any]:
+    """The Pareto plots, ranking, importance and failure map of one document (one hardware class)."""
+    import panel as pn
+
+    items: list[Any] = []
     pareto = doc.get("pareto", {})
     winners = {json.dumps(g.get("group"), sort_keys=True): (g.get("rows") or [{}])[0].get("config_id")
                for g in (doc.get("ranking") or {}).get("groups", [])}
@@ -514,18 +557,36 @@ def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
                     items.append(_html(f"<p>{_e(note)}</p>"))
     items += [_html(_section_html(doc, "ranking", "Ranking", lambda r: _ranking_html(r, doc, commands))),
               _html(_section_html(doc, "importance", "Parameter importance", _importance_html)),
-              _html(_section_html(doc, "failure", "Failure map", _failure_html)),
-              _html(_warnings_html(doc))]
-    return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
+              _html(_section_html(doc, "failure", "Failure map", _failure_html))]
+    return items
+
+
+def _cross_html(cross: dict[str, Any]) -> str:
+    """The asked-for cross-hardware comparison: normalised scores of every (config, class) pair."""
+    prices = cross.get("prices") or {}
+    parts = [f"<h1 class=\"cross-hardware\">CROSS-HARDWARE comparison (normalised: {_e(cross.get('normalisation'))})"
+             f"</h1><p class=\"claim\">{_e(cross.get('label'))}</p>"]
+    if prices:
+        parts.append(f"<p>Prices used (US dollars per GPU-hour, from the {_e(cross.get('prices_from'))}): "
+                     f"{_e(', '.join(f'{k} {v:g}' for k, v in prices.items()))}.</p>")
+    ranking = cross.get("ranking") or {}
+    for group in ranking.get("groups", []):
+        rows = [[_e(r["rank"]), _e(r.get("label") or r["config_id"]),
+                 _e((cross.get("measured_on") or {}).get(r["config_id"], "")), _e(_interval(r.get("score"))),
+                 _e(_num(r.get("p_best"))), _e(r.get("n_failover") or "")] for r in (group.get("rows") or [])[:TOP_ROWS]]
+        parts.append(f"<h3>load point {_e(group.get('group', {}).get('load_point'))}</h3><p>{_e(group.get('sentence'))}</p>"
+                     + _table(["#", "config on class", "class", f"{ranking.get('score_name')} [95% CI]", "P(best)",
+                               "failover trials"], rows))
+    return "".join(parts)
 
 
 def render(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: int = 0, model: str | None = None,
-           served_model_name: str | None = None, progress: Progress | None = None) -> str:
+           served_model_name: str | None = None, progress: Progress | None = None, **hardware: Any) -> str:
     """The report of ``ds`` as one offline HTML page (a string); ``progress`` is told of each
     analysis section as it starts."""
     from bokeh.resources import INLINE
 
-    doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed, progress=progress)
+    doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed, progress=progress, **hardware)
     commands = winner_commands(ds, doc, model, served_model_name)
     layout = build(ds, doc, commands)
     buf = io.StringIO()
@@ -562,6 +623,7 @@ def build_parser(prog: str = "python -m dashboards report") -> argparse.Argument
     p.add_argument("--model", default=None, help="model path or hub id for the vllm serve command")
     p.add_argument("--served-model-name", default=None, help="--served-model-name in the vllm serve command")
     p.add_argument("-v", "--verbose", action="count", default=0)
+    add_hardware_arguments(p)
     return p
 
 
@@ -576,9 +638,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dashboards re
         return 2
     t0 = time.perf_counter()
     try:
+        hardware = hardware_options(args)
         ds = load_many(args.experiments, args.results_root)
         page = render(ds, policy=args.policy, n_boot=args.n_boot, seed=args.seed, model=args.model,
-                      served_model_name=args.served_model_name, progress=stderr_progress("report"))
+                      served_model_name=args.served_model_name, progress=stderr_progress("report"), **hardware)
         sys.stderr.write("report: rendering the page\n")
     except OfflineError as exc:  # a bug or a changed panel, not the user's input
         print(f"error: cannot make the report offline: {exc}", file=sys.stderr)

@@ -5,6 +5,11 @@ minimum-data warnings next to it. The analyses (``analysis.importance``, ``analy
 ``analysis.interactions``, ``analysis.failure``; they share one fitted surrogate) run in the
 background pool with a progress text in their place, and are cached per dataset version, metric and
 scenario, so every session and every return to the page reuses them.
+
+Hardware classes never share a fit: with trials of several classes a ``hardware class`` picker
+chooses the one analysed (default the first; ``?hardware_class=`` in the URL), and the failure
+section shows one group per class. ``leave out failover trials`` drops trials tagged
+``failover-from:...`` (default: included, and the sections' caveats say how many there are).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import panel as pn
 from analysis.effects import PDResult, partial_dependence
 from analysis.failure import FailureResult, failure_probability
 from analysis.frame import AnalysisInputError
+from analysis.hardware import classes_of
 from analysis.importance import ImportanceResult, importance
 from analysis.interactions import InteractionResult, interactions
 from analysis.report import default_metric
@@ -158,21 +164,38 @@ class ParametersPage(pn.viewable.Viewer):
         names = [p.name for p in state.swept(self.folder)]
         self.pd_param = pn.widgets.Select(name="partial dependence of", options=names,
                                           value=names[0] if names else None)
+        classes = classes_of(self.df)
+        wanted = ctx.arg("hardware_class", classes[0] if classes else "")
+        self.hw = pn.widgets.Select(name="hardware class", options=classes,
+                                    value=wanted if wanted in classes else (classes[0] if classes else None),
+                                    visible=len(classes) > 1)
+        self.no_failover = pn.widgets.Checkbox(name="leave out failover trials", value=False)
         self.sections = {k: pn.Column(sizing_mode="stretch_width") for k in ("importance", "pd", "interactions",
                                                                              "failure")}
         self.metric.param.watch(lambda e: self.start(), "value")
         self.lp.param.watch(lambda e: self.start(), "value")
+        self.hw.param.watch(lambda e: self.start(), "value")
+        self.no_failover.param.watch(lambda e: self.start(), "value")
         self.pd_param.param.watch(lambda e: self._start_one("pd"), "value")
         self.start()
 
     def _jobs(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
         ds, m, lp, p = self.ds, self.metric.value, self.lp.value, self.pd_param.value
+        kw = self.selection()
+        fo = {"include_failover": kw["include_failover"]}
         return {
-            "importance": (lambda: importance(ds, metric=m, load_point=lp, n_boot=IMPORTANCE_BOOT), importance_view),
-            "pd": (lambda: partial_dependence(ds, p, metric=m, load_point=lp, n_boot=PD_BOOT), pd_view),
-            "interactions": (lambda: interactions(ds, metric=m, load_point=lp, n_boot=H2_BOOT), interactions_view),
-            "failure": (lambda: failure_probability(ds), failure_view),
+            "importance": (lambda: importance(ds, metric=m, load_point=lp, n_boot=IMPORTANCE_BOOT, **kw),
+                           importance_view),
+            "pd": (lambda: partial_dependence(ds, p, metric=m, load_point=lp, n_boot=PD_BOOT, **kw), pd_view),
+            "interactions": (lambda: interactions(ds, metric=m, load_point=lp, n_boot=H2_BOOT, **kw),
+                             interactions_view),
+            "failure": (lambda: failure_probability(ds, **fo), failure_view),
         }
+
+    def selection(self) -> dict[str, Any]:
+        """The hardware class (only when the trials ran on several) and failover choice of the fits."""
+        several = len(self.hw.options) > 1
+        return {"hardware_class": self.hw.value if several else None, "include_failover": not self.no_failover.value}
 
     def start(self) -> None:
         for name in ("failure", "pd", "interactions", "importance"):  # quickest first
@@ -181,7 +204,7 @@ class ParametersPage(pn.viewable.Viewer):
     def _start_one(self, name: str) -> None:
         fn, render = self._jobs()[name]
         key = ("params", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
-               self.pd_param.value if name == "pd" else None)
+               self.pd_param.value if name == "pd" else None, tuple(self.selection().values()))
         since = time.strftime("%H:%M:%S")
         self.sections[name].objects = [pn.Row(pn.indicators.LoadingSpinner(value=True, size=24), pn.pane.HTML(
             f"<div class='st-progress-text' data-section='{name}'>computing {name} in the background "
@@ -190,7 +213,7 @@ class ParametersPage(pn.viewable.Viewer):
         on_result(fut, lambda f: self._done(name, key, f, render))
 
     def _done(self, name: str, key: tuple[Any, ...], fut: Future[Any], render: Callable[[Any], Any]) -> None:
-        if key[4:6] != (self.metric.value, self.lp.value):
+        if key[4:6] != (self.metric.value, self.lp.value) or key[-1] != tuple(self.selection().values()):
             return  # the user changed the question meanwhile
         try:
             self.sections[name].objects = [render(fut.result())]
@@ -204,7 +227,7 @@ class ParametersPage(pn.viewable.Viewer):
 
     def __panel__(self) -> Any:
         return pn.Column(
-            pn.Row(self.metric, self.lp),
+            pn.Row(self.metric, self.lp, self.hw, self.no_failover),
             pn.pane.HTML("<h3>Importance</h3>"), self.sections["importance"],
             pn.pane.HTML("<h3>Partial dependence</h3>"), self.pd_param, self.sections["pd"],
             pn.pane.HTML("<h3>Interactions</h3>"), self.sections["interactions"],
