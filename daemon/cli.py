@@ -1,5 +1,9 @@
 """``daemon start --coordinator tcp://HOST:PORT``: join a coordinator and run the trials it leases.
 
+``daemon probe`` prints what this daemon would advertise about its devices (:mod:`daemon.devices`)
+and its preflight result (:mod:`daemon.preflight`) as one JSON object, and exits 0 (it reports; a
+failed preflight is in the JSON, not the exit code).
+
 ``daemon tiny-model OUT_DIR`` writes the embedded tiny model (same as ``python -m daemon.tiny_model``).
 ``daemon keys init|show`` manages this node's CURVE keys (:mod:`daemon.keys_cmd`).
 
@@ -61,6 +65,7 @@ from servetune.messages import Id
 
 if TYPE_CHECKING:
     from daemon.agent import DaemonAgent
+    from daemon.preflight import Preflight
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,34 @@ def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] =
         args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
 
 
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1e6 GiB, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 1024, got {text!r}")
+    return value
+
+
+def _preflight_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--expect-vllm-version", default=None, metavar="VERSION",
+                        help="preflight: the vLLM version this node must run (default: the one installed when the "
+                             "daemon joined)")
+    parser.add_argument("--min-free-disk-gib", type=_gib, default=1.0, metavar="GIB",
+                        help="preflight: free space the workdir needs for logs (default: %(default)g GiB)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="daemon", description="servetune daemon: runs leased vLLM trials on this node")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -190,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "%(default)d; a smaller one resends less after an interrupted upload)")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
+    _preflight_flags(start)
+    probe = sub.add_parser("probe", help="print this node's device advertisement and preflight as JSON",
+                           description="Print what `daemon start` would advertise about this node's devices "
+                                       "(GPUs through NVML, or a CPU-only node) and its preflight result, as JSON.")
+    probe.add_argument("--workdir", type=Path,
+                       default=Path(os.environ.get("SERVETUNE_DAEMON_DIR", "servetune-daemon")),
+                       help="the workdir whose free disk space preflight checks")
+    probe.add_argument("--vllm-python", default=None, metavar="PATH", help="interpreter that has vLLM installed")
+    probe.add_argument("--max-concurrency", type=_positive_int, default=1,
+                       help="trials at once: the GPU sets shown (default: %(default)d)")
+    probe.add_argument("--co-tenancy", action="store_true",
+                       help="show GPU sets as if co-tenancy on one device were declared")
+    _preflight_flags(probe)
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny model into OUT_DIR")
     tiny.add_argument("out_dir")
     keys_cmd.register(sub)
@@ -262,6 +308,28 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def node_preflight(args: argparse.Namespace, node_has_gpus: bool) -> Preflight:
+    """This node's preflight settings from its flags."""
+    from daemon.preflight import Preflight, VllmCheck
+
+    return Preflight(workdir=args.workdir, node_has_gpus=node_has_gpus,
+                     vllm=VllmCheck(python=args.vllm_python, launch=getattr(args, "vllm_launch", None),
+                                    expected=args.expect_vllm_version),
+                     min_free_disk_bytes=int(args.min_free_disk_gib * 1024**3))
+
+
+def probe(args: argparse.Namespace) -> int:
+    """``daemon probe``: the advertisement and the preflight, one JSON object on stdout."""
+    import json
+
+    from daemon.devices import probe_devices
+
+    devices = probe_devices(args.vllm_python, args.max_concurrency, args.co_tenancy)
+    result = node_preflight(args, bool(devices.gpus)).run()
+    print(json.dumps({"devices": devices.model_dump(mode="json"), "preflight": result.as_dict()}, indent=2))
+    return ExitCode.OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -273,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     if args.command == "keys":
         return keys_cmd.run(args)
+    if args.command == "probe":
+        return probe(args)
     vllm_from_environment(args)
     problems = node_problems(args)
     keys = node_keys(args, problems)
