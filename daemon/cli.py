@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
         api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost, upload_bytes_per_interval=args.upload_bytes_per_interval,
-        artifact_chunk_size=args.artifact_chunk_size,
+        artifact_chunk_size=args.artifact_chunk_size, preflight=node_preflight(args, node_has_gpus=False),
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:

@@ -18,7 +18,7 @@ from itertools import combinations
 from math import comb
 
 from servetune.errors import ServetuneError
-from servetune.result import GPULink
+from servetune.result import Fingerprint, GPULink
 
 #: Enumerate every candidate set only while there are at most this many; beyond, grow sets greedily.
 MAX_COMBINATIONS = 20_000
@@ -92,3 +92,16 @@ def gpu_sets(gpus: Sequence[int], links: Sequence[GPULink], tensor_parallel_size
         reused = {s.gpus for i, s in enumerate(sets) if s.gpus in {t.gpus for t in sets[:i]}}
         sets = [GPUSet(s.gpus, nvlink=s.nvlink, shared=s.gpus in reused) for s in sets]
     return sets
+
+
+def batch_gpu_set(fingerprint: Fingerprint, tensor_parallel_size: int | None) -> GPUSet | None:
+    """The GPU set a batch gets on a daemon that runs one batch at a time: the best set of
+    ``tensor_parallel_size`` GPUs. None on a CPU-only node, or when the node has too few GPUs (then
+    vLLM is given them all and says for itself that the config cannot run here)."""
+    if not fingerprint.gpus:
+        return None
+    links = fingerprint.gpu_topology.links if fingerprint.gpu_topology else []
+    try:
+        return gpu_sets([g.index for g in fingerprint.gpus], links, tensor_parallel_size)[0]
+    except GPUSetError:
+        return None

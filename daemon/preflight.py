@@ -33,11 +33,17 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from daemon.fingerprint import package_versions
+from daemon.gpusets import batch_gpu_set
 from daemon.nvml import nvml_session, read_use
+from servetune.errors import ServetuneError
+from servetune.result import Fingerprint
 from servetune.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from servetune.messages import Grant
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +182,10 @@ class VllmCheck:
 
     python: str | None = None
     launch: list[str] | None = None
+    #: the operator's ``--expect-vllm-version`` (also checked at join when set)
     expected: str | None = None
+    #: the version the daemon advertised when it joined: expected before each batch when no other was set
+    advertised: str | None = None
     import_timeout_s: float = VLLM_IMPORT_TIMEOUT_S
     _imported: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -188,8 +197,10 @@ class VllmCheck:
         version = package_versions(self.python)["vllm"]
         if version is None:
             return Check("vllm", "failed", f"vLLM is not installed for {python}")
-        if self.expected and version != self.expected:
-            return Check("vllm", "failed", f"vLLM {version} is installed for {python}; expected {self.expected}")
+        expected = self.expected or self.advertised
+        if expected and version != expected:
+            why = "--expect-vllm-version" if self.expected else "the version this daemon advertised when it joined"
+            return Check("vllm", "failed", f"vLLM {version} is installed for {python}; expected {expected} ({why})")
         key = (python, version)
         if key not in self._imported:
             self._imported[key] = self._import(python)
@@ -241,3 +252,19 @@ class Preflight:
         result = PreflightResult(tuple(checks))
         log.log(logging.INFO if result.ok else logging.ERROR, "%s", result.summary)
         return result
+
+
+class PreflightFailed(ServetuneError):
+    """A batch's preflight failed: the daemon answers its GRANT with a BATCH_ERROR (a daemon error,
+    re-queued by the coordinator, never a result) and goes out of service."""
+
+    def __init__(self, result: PreflightResult):
+        super().__init__(result.summary)
+        self.result = result
+
+
+def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint) -> PreflightResult:
+    """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get."""
+    chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
+    return preflight.run(grant.backend.kind, grant.model, chosen.gpus if chosen is not None else None,
+                         own_pids=[os.getpid()])
