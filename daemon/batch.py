@@ -32,7 +32,7 @@ from pathlib import Path
 
 from daemon.artifact_spool import ArtifactSpool
 from daemon.endpoint import Endpoint, ServerRequestError
-from daemon.gpusets import batch_gpu_set
+from daemon.gpusets import batch_gpu_set, server_env
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
 from daemon.preflight import Preflight, PreflightFailed, batch_preflight
@@ -210,10 +210,12 @@ class BatchRunner:
             self._fail_all(grant, grant.trials, started, str(exc), None, None, None)
             return
         logs = self.ctx.workdir / "logs"
+        gpu_env = server_env(batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size),
+                             grant.config.env)
         server = VLLMServer(
             model=model.model_arg,
             served_name=grant.model.served_name,
-            config=grant.config,
+            config=grant.config.model_copy(update={"env": {**gpu_env, **grant.config.env}}) if gpu_env else grant.config,
             command=vllm_command(self.ctx.vllm_python, self.ctx.vllm_launch),
             log_path=logs / f"server-{grant.batch_id}-epoch{grant.epoch}-{uuid.uuid4().hex[:6]}.log",
             load_format=model.load_format,

@@ -12,7 +12,8 @@ is one device: one set (empty ``CUDA_VISIBLE_DEVICES``), more only with co-tenan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
@@ -105,3 +106,13 @@ def batch_gpu_set(fingerprint: Fingerprint, tensor_parallel_size: int | None) ->
         return gpu_sets([g.index for g in fingerprint.gpus], links, tensor_parallel_size)[0]
     except GPUSetError:
         return None
+
+
+def server_env(chosen: GPUSet | None, spec_env: Mapping[str, str], environ: Mapping[str, str] = os.environ
+               ) -> dict[str, str]:
+    """What a vLLM server on GPU set ``chosen`` gets in its environment: ``CUDA_VISIBLE_DEVICES`` and
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so CUDA numbers GPUs as NVML does). Nothing on a CPU-only
+    node, or where the spec or the node's operator already set ``CUDA_VISIBLE_DEVICES``."""
+    if chosen is None or not chosen.gpus or "CUDA_VISIBLE_DEVICES" in spec_env or "CUDA_VISIBLE_DEVICES" in environ:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": chosen.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

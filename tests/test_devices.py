@@ -166,3 +166,12 @@ def test_many_gpus_greedy_stays_disjoint() -> None:
     assert len(sets) == 32
     assert sorted(g for s in sets for g in s.gpus) == list(range(n))
     assert all(s.nvlink for s in sets)
+
+
+def test_server_env_pins_the_set_in_nvml_order() -> None:
+    from daemon.gpusets import GPUSet, server_env
+
+    assert server_env(GPUSet((2, 3)), {}, {}) == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert server_env(GPUSet((2, 3)), {"CUDA_VISIBLE_DEVICES": "0"}, {}) == {}, "the spec's own choice wins"
+    assert server_env(GPUSet((2, 3)), {}, {"CUDA_VISIBLE_DEVICES": "1"}) == {}, "the operator's restriction wins"
+    assert server_env(None, {}, {}) == {} and server_env(GPUSet(()), {}, {}) == {}
