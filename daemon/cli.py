@@ -146,24 +146,22 @@ def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] =
         args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
 
 
-def _gib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
-    if not 0 <= value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 1e6 GiB, got {text!r}")
-    return value
+def _bounded(cast: Callable[[str], float], what: str, low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: ``cast`` of the text, within [low, high], or an error naming the value."""
+    def parse(text: str) -> float:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= 1024:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 1024, got {text!r}")
-    return value
+_gib = _bounded(float, "number of GiB", 0, 1e6)
+_positive_int = _bounded(int, "whole number", 1, 1024)
 
 
 def _preflight_flags(parser: argparse.ArgumentParser) -> None:
