@@ -19,6 +19,8 @@ Inputs:
 - :meth:`~DaemonSession.on_outgoing` for every STATE, RESULT and BATCH_ERROR the batch worker
   produced, then :meth:`~DaemonSession.on_batch_done` when its batch returned.
 - :meth:`~DaemonSession.on_stop_requested` on a signal (or the parent dying).
+- :meth:`~DaemonSession.set_out_of_service` when a preflight failed (a reason) or passed again (None):
+  out of service, no READY is sent and HELLO's capabilities carry the reason (:mod:`daemon.preflight`).
 
 Rules (the contract of :mod:`servetune.messages`, seen from the daemon):
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.cli import main as cli_main
 from daemon.devices import CPU_ONLY, probe_devices
 from daemon.fingerprint import collect_fingerprint
 from daemon.gpusets import GPUSetError, gpu_sets
@@ -92,23 +93,25 @@ def test_no_nvml_bindings_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "no NVML bindings" in dev.nvml and dev.accelerator == CPU_ONLY
 
 
-def test_probe_command_prints_json_cpu_and_fake(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "daemon", "probe", "--workdir", str(tmp_path / "w")],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+def test_probe_prints_json_for_real_on_this_cpu_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["probe", "--workdir", str(tmp_path / "w")]) == 0
+    doc = json.loads(capsys.readouterr().out)
     assert doc["devices"]["accelerator"] == CPU_ONLY
     assert doc["preflight"]["ok"] is True
+
+
+def test_probe_command_with_the_fake_nvml_in_a_child_process(tmp_path: Path) -> None:
     cfg = tmp_path / "gpus.json"
     cfg.write_text(json.dumps([{"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "processes": [[999, 30000]]}]))
-    env.update({NVML_MODULE_ENV: "tests.fakes.fake_nvml", "FAKE_NVML_CONFIG": str(cfg)})
+    env = {**os.environ, "PYTHONPATH": str(REPO), NVML_MODULE_ENV: "tests.fakes.fake_nvml", "FAKE_NVML_CONFIG": str(cfg)}
     out = subprocess.run([sys.executable, "-m", "daemon", "probe", "--workdir", str(tmp_path / "w")],
                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr  # probe reports; it does not judge
     doc = json.loads(out.stdout)
     assert doc["devices"]["accelerator"] == "1x NVIDIA A100-SXM4-80GB"
+    assert doc["devices"]["gpus"][0]["processes"] == [{"pid": 999, "used_mib": 30000}]
     assert doc["preflight"]["ok"] is False  # the FAKE GPU runs someone else's process
-    assert out.returncode == 0  # probe reports; it does not judge
+    assert "pid 999" in doc["preflight"]["summary"]
 
 
 # ----------------------------------------------------------------------------- GPU sets (pure)
