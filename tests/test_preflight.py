@@ -194,3 +194,9 @@ def test_the_coordinator_records_it_as_a_daemon_error_not_a_measurement() -> Non
 def test_capabilities_carry_the_reason() -> None:
     caps = Capabilities(fingerprint=FP, out_of_service="preflight failed: x")
     assert Capabilities.model_validate_json(caps.model_dump_json()).out_of_service == "preflight failed: x"
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="needs a second interpreter")
+def test_an_interpreter_without_vllm_fails_the_vllm_check_for_real() -> None:
+    check = VllmCheck(python="/usr/bin/python3")()
+    assert check.status == "failed" and "not installed for /usr/bin/python3" in check.detail
