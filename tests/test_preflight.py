@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import daemon.agent as agent_mod
-from daemon.agent import BatchDone, BatchWorker, ServiceChange
+from daemon.agent import BatchDone, BatchWorker, DaemonAgent, DaemonOptions, ServiceChange
 from daemon.batch import BatchContext, BatchRunner
 from daemon.preflight import (
     Preflight,
@@ -24,10 +26,12 @@ from daemon.preflight import (
     check_model,
     hf_hub_cache,
 )
-from servetune.messages import BatchError, Capabilities, Hello, Ready, Rejoin, Result
+from servetune.exitcodes import ExitCode
+from servetune.messages import BatchError, Bye, Capabilities, Heartbeat, Hello, Ready, Rejoin, Result, Shutdown, Welcome
 from servetune.spec import ModelSpec
 from tests.fakes import fake_nvml
 from tests.fakes.fake_nvml import FakeGPU
+from tests.test_daemon_agent import ScriptedCoordinator
 from tests.test_daemon_session import FP, grant, sent, welcomed
 
 # ----------------------------------------------------------------------------- checks
@@ -200,3 +204,46 @@ def test_capabilities_carry_the_reason() -> None:
 def test_an_interpreter_without_vllm_fails_the_vllm_check_for_real() -> None:
     check = VllmCheck(python="/usr/bin/python3")()
     assert check.status == "failed" and "not installed for /usr/bin/python3" in check.detail
+
+
+@pytest.fixture
+def coordinator() -> Iterator[ScriptedCoordinator]:
+    coord = ScriptedCoordinator()
+    try:
+        yield coord
+    finally:
+        coord.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_failing_preflight_at_join_says_why_asks_nothing_and_returns_to_service(
+        coordinator: ScriptedCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real agent on loopback: HELLO carries the reason, no READY while out of service, READY
+    once a re-check passes (here: the disk threshold lowered, as if space had been freed)."""
+    monkeypatch.setattr(agent_mod, "PREFLIGHT_RECHECK_S", 0.2)
+    pf = Preflight(workdir=tmp_path / "work", min_free_disk_bytes=10**18)
+    agent = DaemonAgent(DaemonOptions(coordinator=coordinator.address, workdir=tmp_path / "work", server_cpus=[0],
+                                      daemon_id="preflight-test", coordinator_lost_s=30, preflight=pf,
+                                      **coordinator.agent_keys()))
+    codes: list[ExitCode] = []
+    thread = threading.Thread(target=lambda: codes.append(agent.run()), daemon=True)
+    thread.start()
+    try:
+        hello = coordinator.expect(Hello, 15)
+        reason = hello.capabilities.out_of_service
+        assert reason is not None and reason.startswith("preflight failed: disk: ") and "GiB needed for logs" in reason
+        coordinator.send(Welcome(session_nonce=hello.session_nonce, coordinator_id="scripted",
+                                 heartbeat_interval_s=0.2, lease_ttl_s=5.0))
+        coordinator.expect(Heartbeat, 5)
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        assert coordinator.since(t0, Ready) == [], "out of service: no work asked for"
+        pf.min_free_disk_bytes = 1
+        coordinator.expect(Ready, 10)
+        coordinator.send(Shutdown(reason="test done"))
+        coordinator.expect(Bye, 5)
+        thread.join(timeout=15)
+        assert codes == [ExitCode.OK]
+    finally:
+        agent.request_stop("test over")
+        thread.join(timeout=15)
