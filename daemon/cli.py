@@ -101,19 +101,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _byte_count(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high} bytes, got {text!r}")
-        return value
-
-    return parse
-
-
 def _endpoint(text: str) -> str:
     if not _ENDPOINT.match(text):
         raise argparse.ArgumentTypeError(f"not a ZeroMQ address: {text!r} (expected e.g. tcp://10.0.0.5:5555)")
@@ -146,7 +133,7 @@ def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] =
         args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
 
 
-def _bounded(cast: Callable[[str], float], what: str, low: float, high: float) -> Callable[[str], float]:
+def _bounded(cast: Callable[[str], float], what: str, low: float, high: float, unit: str = "") -> Callable[[str], float]:
     """An argparse type: ``cast`` of the text, within [low, high], or an error naming the value."""
     def parse(text: str) -> float:
         try:
@@ -154,13 +141,17 @@ def _bounded(cast: Callable[[str], float], what: str, low: float, high: float) -
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}{unit}, got {text!r}")
         return value
 
     return parse
 
 
-_gib = _bounded(float, "number of GiB", 0, 1e6)
+def _byte_count(low: int, high: int) -> Callable[[str], float]:
+    return _bounded(int, "number of bytes", low, high, " bytes")
+
+
+_gib = _bounded(float, "number of GiB", 0, 1_000_000, " GiB")
 _positive_int = _bounded(int, "whole number", 1, 1024)
 
 

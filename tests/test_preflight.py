@@ -9,7 +9,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,10 +28,13 @@ from daemon.preflight import (
 from servetune.exitcodes import ExitCode
 from servetune.messages import BatchError, Bye, Capabilities, Heartbeat, Hello, Ready, Rejoin, Result, Shutdown, Welcome
 from servetune.spec import ModelSpec
+from tests import test_daemon_agent
 from tests.fakes import fake_nvml
 from tests.fakes.fake_nvml import FakeGPU
 from tests.test_daemon_agent import ScriptedCoordinator
 from tests.test_daemon_session import FP, grant, sent, welcomed
+
+coordinator = test_daemon_agent.coordinator  # the scripted coordinator fixture, shared
 
 # ----------------------------------------------------------------------------- checks
 
@@ -204,15 +206,6 @@ def test_capabilities_carry_the_reason() -> None:
 def test_an_interpreter_without_vllm_fails_the_vllm_check_for_real() -> None:
     check = VllmCheck(python="/usr/bin/python3")()
     assert check.status == "failed" and "not installed for /usr/bin/python3" in check.detail
-
-
-@pytest.fixture
-def coordinator() -> Iterator[ScriptedCoordinator]:
-    coord = ScriptedCoordinator()
-    try:
-        yield coord
-    finally:
-        coord.close()
 
 
 @pytest.mark.timeout(60)
