@@ -22,6 +22,12 @@ reports the batch done and the daemon asks for new work. A :class:`~daemon.sessi
 closes the socket at once (linger 0) and opens a new DEALER with the same routing id after the
 delay, ticking meanwhile so leases still fence on time.
 
+Preflight (:mod:`daemon.preflight`, when the options carry one) runs when the daemon joins and
+before each batch. A failed one takes the daemon out of service: HELLO carries the reason, no READY
+is sent, a batch it was granted is answered with a BATCH_ERROR (a daemon error: the coordinator
+queues its trials again; never a result), and the worker re-checks every
+:data:`PREFLIGHT_RECHECK_S` until it passes, then the daemon asks for work again.
+
 Artifacts: a :class:`~daemon.artifact_sender.SpoolSender` runs beside the session: the batch
 runner spools each finished attempt's artifacts (:mod:`daemon.artifact_spool`), the loop offers
 and sends them paced (one step per iteration, after the session's own sends), ARTIFACT_* replies go
@@ -63,6 +69,7 @@ from daemon.artifact_spool import ArtifactSpool
 from daemon.artifact_upload import PacingPolicy
 from daemon.batch import UNSTAMPED, BatchContext, BatchRunner, Emit
 from daemon.fingerprint import collect_fingerprint
+from daemon.preflight import Preflight, PreflightFailed, PreflightResult, batch_preflight
 from daemon.session import (
     AbortBatch,
     DaemonSession,
@@ -97,6 +104,8 @@ UPLOAD_FINISH_S = 30.0
 #: ... and how long without an answer to them or a chunk sent (at least; four heartbeat intervals if
 #: longer) ends it sooner.
 UPLOAD_QUIET_S = 2.0
+#: How often a daemon out of service re-runs its failed preflight.
+PREFLIGHT_RECHECK_S = 30.0
 #: How long the last close waits to deliver the BYE (milliseconds; the socket's own LINGER is 0).
 FINAL_LINGER_MS = 500
 _ERROR_CHARS = 4000
@@ -149,6 +158,8 @@ class DaemonOptions:
     upload_bytes_per_interval: int = PacingPolicy.bytes_per_interval
     #: Chunk size of the artifacts this daemon spools (``--artifact-chunk-size``).
     artifact_chunk_size: int = CHUNK_SIZE
+    #: Checks run when joining and before each batch (:mod:`daemon.preflight`); None: none.
+    preflight: Preflight | None = None
 
 
 def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None]:
@@ -176,6 +187,13 @@ def batch_error(grant: Grant, exc: BaseException) -> BatchError:
 
 
 @dataclass(frozen=True)
+class ServiceChange:
+    """Put in the outbox when a preflight took the daemon out of service (``reason``) or passed again (None)."""
+
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class BatchDone:
     """Put in the outbox after the last message of a batch."""
 
@@ -186,11 +204,17 @@ RunnerFactory = Callable[[BatchContext, Emit, threading.Event], BatchRunner]
 
 
 class BatchWorker:
-    """One thread running grants one at a time; their messages, then :class:`BatchDone`, go to ``outbox``."""
+    """One thread running grants one at a time; their messages, then :class:`BatchDone`, go to ``outbox``.
 
-    def __init__(self, runner: BatchRunner, outbox: queue.Queue[Outgoing | BatchDone]):
+    ``recheck(grant)`` re-runs a failed preflight (of that grant, or the join's when None) while the
+    daemon is out of service (``out_of_service``: it already is, from the join)."""
+
+    def __init__(self, runner: BatchRunner, outbox: queue.Queue[Outgoing | BatchDone | ServiceChange],
+                 recheck: Callable[[Grant | None], PreflightResult] | None = None, out_of_service: bool = False):
         self.runner = runner
         self.outbox = outbox
+        self._recheck = recheck
+        self._failed: tuple[Grant | None] | None = (None,) if out_of_service else None
         self._grants: queue.Queue[Grant | None] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="batch-worker", daemon=True)
 
@@ -209,11 +233,28 @@ class BatchWorker:
 
     def _main(self) -> None:
         while True:
-            grant = self._grants.get()
+            waiting = self._failed is not None and self._recheck is not None
+            try:
+                grant = self._grants.get(timeout=PREFLIGHT_RECHECK_S if waiting else None)
+            except queue.Empty:
+                assert self._recheck is not None and self._failed is not None
+                if self._recheck(self._failed[0]).ok:
+                    self._failed = None
+                    self.outbox.put(ServiceChange(None))
+                continue
             if grant is None:
                 return
             try:
                 self.runner.run(grant)
+                if self._failed is not None:  # a batch passed its preflight: in service again
+                    self._failed = None
+                    self.outbox.put(ServiceChange(None))
+            except PreflightFailed as exc:  # not fit to measure: a daemon error, never a result
+                log.error("batch %s not run: %s", grant.batch_id, exc)
+                self.outbox.put(BatchError(session_nonce=UNSTAMPED, batch_id=grant.batch_id, epoch=grant.epoch,
+                                           error=f"daemon out of service: {exc}"[:_ERROR_CHARS]))
+                self._failed = (grant,)
+                self.outbox.put(ServiceChange(str(exc)[:_ERROR_CHARS]))
             except Exception as exc:  # our own code crashed: a daemon error, never a measurement
                 log.exception("batch %s crashed inside the daemon", grant.batch_id)
                 self.outbox.put(batch_error(grant, exc))
@@ -236,7 +277,7 @@ class DaemonAgent:
         self.stop_reason = ""
         self._runner_factory = runner_factory
         self._clock = clock
-        self._outbox: queue.Queue[Outgoing | BatchDone] = queue.Queue()
+        self._outbox: queue.Queue[Outgoing | BatchDone | ServiceChange] = queue.Queue()
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
@@ -277,15 +318,28 @@ class DaemonAgent:
         fingerprint = collect_fingerprint(self.opts.vllm_python)
         log.info("daemon %s on %s; vLLM cores %s, daemon cores %s", self.daemon_id, fingerprint.hardware_class,
                  server_cpus, client_cpus)
+        preflight, out_of_service = self.opts.preflight, None
+        if preflight is not None:
+            preflight.node_has_gpus = bool(fingerprint.gpus)
+            preflight.vllm.advertised = fingerprint.vllm_version
+            joined = preflight.run()
+            out_of_service = None if joined.ok else joined.summary[:_ERROR_CHARS]
         spool = ArtifactSpool.for_workdir(self.opts.workdir, self.opts.artifact_chunk_size)
         self._sender = SpoolSender(spool, PacingPolicy(bytes_per_interval=self.opts.upload_bytes_per_interval))
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
                            vllm_python=self.opts.vllm_python, vllm_launch=self.opts.vllm_launch,
-                           api_key_envs=frozenset(self.opts.api_key_envs), spool=spool)
+                           api_key_envs=frozenset(self.opts.api_key_envs), spool=spool, preflight=preflight)
         runner = self._runner_factory(ctx, self._outbox.put, self.stop)
-        self._worker = BatchWorker(runner, self._outbox)
+
+        def recheck(grant: Grant | None) -> PreflightResult:
+            assert preflight is not None
+            return batch_preflight(preflight, grant, fingerprint) if grant is not None else preflight.run()
+
+        self._worker = BatchWorker(runner, self._outbox, recheck if preflight is not None else None,
+                                   out_of_service is not None)
         self._worker.start()
-        session = DaemonSession(self.daemon_id, os.getpid(), Capabilities(fingerprint=fingerprint),
+        session = DaemonSession(self.daemon_id, os.getpid(),
+                                Capabilities(fingerprint=fingerprint, out_of_service=out_of_service),
                                 coordinator_lost_s=self.opts.coordinator_lost_s)
         self._zctx = zmq.Context()
         try:
@@ -330,6 +384,8 @@ class DaemonAgent:
                 return
             if isinstance(item, BatchDone):
                 self._execute(session.on_batch_done(item.batch_id, self._clock()))
+            elif isinstance(item, ServiceChange):
+                self._execute(session.set_out_of_service(item.reason, self._clock()))
             else:
                 self._execute(session.on_outgoing(item, self._clock()))
 

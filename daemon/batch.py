@@ -11,7 +11,11 @@ it); the runner returns at once and is ready for the next grant.
 A load point its stop conditions ended early (error budget, over-saturation) is a result, status
 ok with ``stopped_early`` set; only the trial deadline makes a stop a failure. During each
 measurement a :class:`~daemon.scrape.MetricsScraper` reads the server's ``/metrics`` every 0.5 s
-until the server drained; the series goes with the result (``TrialOutcome.server_series``).
+until the server drained; the series goes with the result (``TrialOutcome.server_series``). Over
+the same span a :class:`~daemon.telemetry.TelemetrySampler` reads the trial's GPUs through NVML
+(power, temperature, SM clock, memory used): its summary is ``TrialOutcome.gpu_telemetry`` (on a
+node without NVML it says that nothing was sampled), its readings the ``gpu_telemetry.json``
+artifact. The GPU topology rides on the fingerprint of every result.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ from pathlib import Path
 
 from daemon.artifact_spool import ArtifactSpool
 from daemon.endpoint import Endpoint, ServerRequestError
+from daemon.gpusets import batch_gpu_set, server_env
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
+from daemon.preflight import Preflight, PreflightFailed, batch_preflight
 from daemon.scrape import MetricsScraper
 from daemon.server import ServerStartError, VLLMServer, vllm_command
 from daemon.serverlog import classify_failure
 from daemon.sim_backend import server_info, sim_fingerprint, sim_server, simulate_trial, trial_seed
+from daemon.telemetry import Telemetry, TelemetrySampler
 from servetune.errors import ServetuneError
 from servetune.messages import BatchError, Grant, GrantedTrial, Phase, Result, State
 from servetune.result import FailureKind, Fingerprint, RequestSample, ServerInfo, TrialOutcome
@@ -105,6 +112,8 @@ class BatchContext:
     #: Environment variables a GRANT's ``backend.api_key_env`` may name (``daemon start
     #: --api-key-env``): a key is sent only to the endpoint of a variable the operator allowed.
     api_key_envs: frozenset[str] = frozenset()
+    #: This node's preflight (:mod:`daemon.preflight`), run before each batch; None: none.
+    preflight: Preflight | None = None
 
 
 class BatchRunner:
@@ -172,6 +181,10 @@ class BatchRunner:
         owner = logging.getLogger("daemon")
         owner.addHandler(self._batch_log)
         try:
+            if self.ctx.preflight is not None:
+                checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint)
+                if not checked.ok:  # a daemon error (BATCH_ERROR), never a result: see daemon.agent
+                    raise PreflightFailed(checked)
             self._run(grant)
         finally:
             owner.removeHandler(self._batch_log)
@@ -197,10 +210,12 @@ class BatchRunner:
             self._fail_all(grant, grant.trials, started, str(exc), None, None, None)
             return
         logs = self.ctx.workdir / "logs"
+        gpu_env = server_env(batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size),
+                             grant.config.env)
         server = VLLMServer(
             model=model.model_arg,
             served_name=grant.model.served_name,
-            config=grant.config,
+            config=grant.config.model_copy(update={"env": {**gpu_env, **grant.config.env}}) if gpu_env else grant.config,
             command=vllm_command(self.ctx.vllm_python, self.ctx.vllm_launch),
             log_path=logs / f"server-{grant.batch_id}-epoch{grant.epoch}-{uuid.uuid4().hex[:6]}.log",
             load_format=model.load_format,
@@ -316,11 +331,14 @@ class BatchRunner:
         before: dict[str, float] = {}
         # /metrics every 0.5 s from the start of the measurement until the server drained
         scraper = MetricsScraper.for_endpoint(server, name=f"scrape-{trial.trial_id[:8]}")
+        chosen = batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size)
+        sampler = TelemetrySampler(list(chosen.gpus) if chosen else None, name=f"gpu-{trial.trial_id[:8]}")
 
         def on_measure_start() -> None:
             before.update(self._counters(server))
             if scraper is not None:
                 scraper.start()
+            sampler.start()
             self._state(grant, trial, "measuring", lp.name)
 
         self._state(grant, trial, "warmup" if lp.warmup_requests else "measuring", lp.name)
@@ -335,21 +353,25 @@ class BatchRunner:
             log.exception("load generator failed on trial %s", trial.trial_id[:12])
             if scraper is not None:
                 scraper.stop()
+            telemetry = sampler.stop()
             self._result(grant, trial, TrialOutcome(
                 status="failed", failure_kind="measurement", error=f"load generator error: {exc}" if isinstance(exc, ServetuneError) else f"load generator error: {exc!r}",
-                server=server.info(), fingerprint=self.ctx.fingerprint, started_at_us=started, finished_at_us=now_us(),
+                server=server.info(), fingerprint=self.ctx.fingerprint, gpu_telemetry=telemetry.summary,
+                started_at_us=started, finished_at_us=now_us(),
             ))
-            self._keep_artifacts(trial, server.info())
+            self._keep_artifacts(trial, server.info(), telemetry=telemetry)
             return
         if self._stopped():
             log.info("trial %s abandoned: its batch was stopped (daemon stopping, or its lease fenced)", trial.trial_id[:12])
             if scraper is not None:
                 scraper.stop()
+            sampler.stop()
             return
         samples = list(warm) + list(result.samples)
         self._state(grant, trial, "draining", lp.name)
         idle = server.wait_idle(grant.budgets.drain_timeout_s) if server.is_alive() else False
         series = scraper.stop() if scraper is not None else []
+        telemetry = sampler.stop()
         after = self._counters(server) if server.is_alive() else {}
         deltas = {k: after[k] - before[k] for k in after if k in before}
         alive = server.is_alive()
@@ -378,14 +400,16 @@ class BatchRunner:
             server_counters=deltas,
             server_series=series,
             fingerprint=self.ctx.fingerprint,
+            gpu_telemetry=telemetry.summary,
             started_at_us=started,
             finished_at_us=now_us(),
         ))
-        self._keep_artifacts(trial, server.info(), samples, series)
+        self._keep_artifacts(trial, server.info(), samples, series, telemetry)
         self._state(grant, trial, "done" if status == "ok" else "failed", lp.name)
 
     def _keep_artifacts(self, trial: GrantedTrial, server: ServerInfo | None,
-                        samples: list[RequestSample] | None = None, series: list[dict[str, float]] | None = None) -> None:
+                        samples: list[RequestSample] | None = None, series: list[dict[str, float]] | None = None,
+                        telemetry: Telemetry | None = None) -> None:
         """Snapshot a finished attempt's artifacts (server log and the batch's daemon log lines as
         they stand, raw samples, metric series) into the daemon's spool, when it has one. Never fails the trial: a spool that
         cannot be written is logged."""
@@ -403,6 +427,9 @@ class BatchRunner:
                 spool.add_bytes(tid, attempt, lines.encode("utf-8"), "samples", "samples.jsonl")
             if series:
                 spool.add_bytes(tid, attempt, json.dumps(series).encode("utf-8"), "metric_series", "server_series.json")
+            if telemetry is not None and telemetry.samples:
+                spool.add_bytes(tid, attempt, json.dumps(telemetry.samples).encode("utf-8"), "metric_series",
+                                "gpu_telemetry.json")
         except (ServetuneError, OSError) as exc:
             log.warning("artifacts of trial %s attempt %d not spooled: %s", tid[:12], attempt, exc)
 

@@ -1,5 +1,9 @@
 """``daemon start --coordinator tcp://HOST:PORT``: join a coordinator and run the trials it leases.
 
+``daemon probe`` prints what this daemon would advertise about its devices (:mod:`daemon.devices`)
+and its preflight result (:mod:`daemon.preflight`) as one JSON object, and exits 0 (it reports; a
+failed preflight is in the JSON, not the exit code).
+
 ``daemon tiny-model OUT_DIR`` writes the embedded tiny model (same as ``python -m daemon.tiny_model``).
 ``daemon keys init|show`` manages this node's CURVE keys (:mod:`daemon.keys_cmd`).
 
@@ -61,6 +65,7 @@ from servetune.messages import Id
 
 if TYPE_CHECKING:
     from daemon.agent import DaemonAgent
+    from daemon.preflight import Preflight
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +101,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _byte_count(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high} bytes, got {text!r}")
-        return value
-
-    return parse
-
-
 def _endpoint(text: str) -> str:
     if not _ENDPOINT.match(text):
         raise argparse.ArgumentTypeError(f"not a ZeroMQ address: {text!r} (expected e.g. tcp://10.0.0.5:5555)")
@@ -139,6 +131,36 @@ def vllm_from_environment(args: argparse.Namespace, environ: Mapping[str, str] =
             args.vllm_launch = [launch]  # node_problems names it: the first word is not an executable
     if args.vllm_launch is None:
         args.vllm_python = environ.get("SERVETUNE_VLLM_PYTHON") or None
+
+
+def _bounded(cast: Callable[[str], float], what: str, low: float, high: float, unit: str = "") -> Callable[[str], float]:
+    """An argparse type: ``cast`` of the text, within [low, high], or an error naming the value."""
+    def parse(text: str) -> float:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}{unit}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _byte_count(low: int, high: int) -> Callable[[str], float]:
+    return _bounded(int, "number of bytes", low, high, " bytes")
+
+
+_gib = _bounded(float, "number of GiB", 0, 1_000_000, " GiB")
+_positive_int = _bounded(int, "whole number", 1, 1024)
+
+
+def _preflight_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--expect-vllm-version", default=None, metavar="VERSION",
+                        help="preflight: the vLLM version this node must run (default: the one installed when the "
+                             "daemon joined)")
+    parser.add_argument("--min-free-disk-gib", type=_gib, default=1.0, metavar="GIB",
+                        help="preflight: free space the workdir needs for logs (default: %(default)g GiB)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "%(default)d; a smaller one resends less after an interrupted upload)")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
+    _preflight_flags(start)
+    probe = sub.add_parser("probe", help="print this node's device advertisement and preflight as JSON",
+                           description="Print what `daemon start` would advertise about this node's devices "
+                                       "(GPUs through NVML, or a CPU-only node) and its preflight result, as JSON.")
+    probe.add_argument("--workdir", type=Path,
+                       default=Path(os.environ.get("SERVETUNE_DAEMON_DIR", "servetune-daemon")),
+                       help="the workdir whose free disk space preflight checks")
+    probe.add_argument("--vllm-python", default=None, metavar="PATH", help="interpreter that has vLLM installed")
+    probe.add_argument("--max-concurrency", type=_positive_int, default=1,
+                       help="trials at once: the GPU sets shown (default: %(default)d)")
+    probe.add_argument("--co-tenancy", action="store_true",
+                       help="show GPU sets as if co-tenancy on one device were declared")
+    _preflight_flags(probe)
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny model into OUT_DIR")
     tiny.add_argument("out_dir")
     keys_cmd.register(sub)
@@ -262,6 +297,28 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def node_preflight(args: argparse.Namespace, node_has_gpus: bool) -> Preflight:
+    """This node's preflight settings from its flags."""
+    from daemon.preflight import Preflight, VllmCheck
+
+    return Preflight(workdir=args.workdir, node_has_gpus=node_has_gpus,
+                     vllm=VllmCheck(python=args.vllm_python, launch=getattr(args, "vllm_launch", None),
+                                    expected=args.expect_vllm_version),
+                     min_free_disk_bytes=int(args.min_free_disk_gib * 1024**3))
+
+
+def probe(args: argparse.Namespace) -> int:
+    """``daemon probe``: the advertisement and the preflight, one JSON object on stdout."""
+    import json
+
+    from daemon.devices import probe_devices
+
+    devices = probe_devices(args.vllm_python, args.max_concurrency, args.co_tenancy)
+    result = node_preflight(args, bool(devices.gpus)).run()
+    print(json.dumps({"devices": devices.model_dump(mode="json"), "preflight": result.as_dict()}, indent=2))
+    return ExitCode.OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -273,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     if args.command == "keys":
         return keys_cmd.run(args)
+    if args.command == "probe":
+        return probe(args)
     vllm_from_environment(args)
     problems = node_problems(args)
     keys = node_keys(args, problems)
@@ -290,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         client_cpus=args.client_cpus, vllm_python=args.vllm_python, vllm_launch=args.vllm_launch,
         api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost, upload_bytes_per_interval=args.upload_bytes_per_interval,
-        artifact_chunk_size=args.artifact_chunk_size,
+        artifact_chunk_size=args.artifact_chunk_size, preflight=node_preflight(args, node_has_gpus=False),
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:

@@ -1,7 +1,8 @@
 """The hardware and software fingerprint of this node, read for real.
 
 :func:`collect_fingerprint` reads the CPU (``/proc/cpuinfo``), RAM (``/proc/meminfo``), NVIDIA
-GPUs (NVML through ``pynvml`` when importable, else ``nvidia-smi``, else none), the OS, and the
+GPUs (NVML through ``pynvml`` when importable, else ``nvidia-smi``, else none) and, through NVML, their
+NVLink/PCIe topology (recorded with every trial), the OS, and the
 versions of vLLM, torch and transformers in the interpreter that runs vLLM (which may be another
 environment than the daemon's). It is cached per process: the package lookups are slow.
 
@@ -11,7 +12,6 @@ environment than the daemon's). It is cached per process: the package lookups ar
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import json
 import logging
@@ -26,9 +26,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
 
-from servetune.result import Fingerprint, GPUInfo
+from daemon.nvml import nvml_session, read_gpu_info, read_topology
+from servetune.result import Fingerprint, GPUInfo, GPUTopology
 
 log = logging.getLogger(__name__)
 
@@ -189,43 +189,17 @@ def _os_name() -> str:
     return platform.platform()
 
 
-def _gpus_nvml() -> list[GPUInfo] | None:
-    """GPUs through NVML; ``None`` when pynvml is missing or NVML does not initialise."""
-    try:
-        nvml: Any = importlib.import_module("pynvml")
-    except ImportError:
-        return None
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        log.debug("NVML unavailable: %s", exc)
-        return None
-    try:
-        driver = nvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else str(driver)
-        gpus = []
-        for i in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(handle)
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            gpus.append(
-                GPUInfo(
-                    index=i,
-                    name=name.decode() if isinstance(name, bytes) else str(name),
-                    memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
-                    driver=driver,
-                    compute_capability=f"{major}.{minor}",
-                )
-            )
-        return gpus
-    except Exception as exc:
-        log.warning("reading GPUs through NVML failed (%s); trying nvidia-smi", exc)
-        return None
-    finally:
+def _gpus_nvml() -> tuple[list[GPUInfo], GPUTopology] | None:
+    """GPUs and their topology through NVML (:mod:`daemon.nvml`); ``None`` when there is no NVML."""
+    with nvml_session() as (nvml, status):
+        if nvml is None:
+            log.debug("NVML unavailable: %s", status.reason)
+            return None
         try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+            return read_gpu_info(nvml), read_topology(nvml)
+        except Exception as exc:
+            log.warning("reading GPUs through NVML failed (%s); trying nvidia-smi", exc)
+            return None
 
 
 def _gpus_smi() -> list[GPUInfo]:
@@ -248,10 +222,13 @@ def _gpus_smi() -> list[GPUInfo]:
     return parse_nvidia_smi(out.stdout)
 
 
-def read_gpus() -> list[GPUInfo]:
-    """NVIDIA GPUs of this node (NVML, else nvidia-smi, else none)."""
-    gpus = _gpus_nvml()
-    return gpus if gpus is not None else _gpus_smi()
+def read_gpus() -> tuple[list[GPUInfo], GPUTopology | None]:
+    """NVIDIA GPUs of this node (NVML, else nvidia-smi, else none) and their topology (NVML only)."""
+    found = _gpus_nvml()
+    if found is not None:
+        gpus, topology = found
+        return gpus, (topology if gpus else None)
+    return _gpus_smi(), None
 
 
 def _version(names: Iterable[str]) -> str | None:
@@ -321,7 +298,7 @@ def collect_fingerprint(vllm_python: str | None = None) -> Fingerprint:
     machine = platform.machine()
     isa = best_isa(flags, machine)
     cpu_count = _cpu_count()
-    gpus = read_gpus()
+    gpus, topology = read_gpus()
     versions = package_versions(vllm_python)
     fingerprint = Fingerprint(
         hostname=socket.gethostname(),
@@ -338,6 +315,7 @@ def collect_fingerprint(vllm_python: str | None = None) -> Fingerprint:
         transformers_version=versions["transformers"],
         servetune_version=_version(["servetune"]) or "unknown",
         hardware_class=hardware_class(gpus, cpu_count, isa),
+        gpu_topology=topology,
     )
     log.info("node fingerprint: %s, vLLM %s", fingerprint.hardware_class, fingerprint.vllm_version)
     return fingerprint

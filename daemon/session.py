@@ -19,6 +19,8 @@ Inputs:
 - :meth:`~DaemonSession.on_outgoing` for every STATE, RESULT and BATCH_ERROR the batch worker
   produced, then :meth:`~DaemonSession.on_batch_done` when its batch returned.
 - :meth:`~DaemonSession.on_stop_requested` on a signal (or the parent dying).
+- :meth:`~DaemonSession.set_out_of_service` when a preflight failed (a reason) or passed again (None):
+  out of service, no READY is sent and HELLO's capabilities carry the reason (:mod:`daemon.preflight`).
 
 Rules (the contract of :mod:`servetune.messages`, seen from the daemon):
 
@@ -246,6 +248,8 @@ class DaemonSession:
         self._next_ready = 0.0  # NO_WORK's retry_after_s
         self._reconnect_base = self.policy.reconnect_first_s
         self.last_ready_sent_at: float | None = None
+        #: Why this daemon asks for no work (a failed preflight, :mod:`daemon.preflight`); None: in service.
+        self.out_of_service: str | None = capabilities.out_of_service
 
     # ------------------------------------------------------------------ read-only views
 
@@ -402,6 +406,17 @@ class DaemonSession:
                                          "their leases are released"))
         return out + self._maybe_ready(now)
 
+    def set_out_of_service(self, reason: str | None, now: float) -> list[Instruction]:
+        """A preflight failed (``reason``) or passed again (None): no READY is sent while out of
+        service; the next HELLO carries the reason; back in service, a READY goes at once."""
+        if self.exited or reason == self.out_of_service:
+            return []
+        self.out_of_service = reason
+        self.capabilities = self.capabilities.model_copy(update={"out_of_service": reason})
+        if reason is not None:
+            return [Log(logging.ERROR, f"out of service, asking for no work: {reason}")]
+        return [Log(logging.INFO, "back in service: preflight passed"), *self._maybe_ready(now)]
+
     def on_stop_requested(self, reason: str, now: float) -> list[Instruction]:
         """A signal (or the parent dying): abort, BYE, exit ``INTERRUPTED``."""
         if self.exited:
@@ -539,7 +554,8 @@ class DaemonSession:
         return [Log(logging.INFO if not resend else logging.DEBUG, text), Send(hello)]
 
     def _maybe_ready(self, now: float) -> list[Instruction]:
-        if not self._can_send() or self.running_batch is not None or now < self._next_ready:
+        if (not self._can_send() or self.running_batch is not None or now < self._next_ready
+                or self.out_of_service is not None):
             return []
         if self._ready_since is not None and self._ready_last is not None:
             if now - self._ready_last < self.retry_after_s:

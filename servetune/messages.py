@@ -150,6 +150,8 @@ class Capabilities(_Msg):
     group: Label | None = None
     group_max_concurrency: int | None = Field(None, ge=1, le=1024)
     backends: list[Label] = Field(default_factory=lambda: ["vllm"], max_length=16)
+    out_of_service: LongText | None = Field(None, description="why this daemon asks for no work (its failed "
+                                                             "preflight, daemon.preflight); None: in service")
 
 
 class LeaseRef(_Msg):

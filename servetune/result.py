@@ -51,6 +51,24 @@ class GPUInfo(_Model):
     compute_capability: Label | None = None
 
 
+class GPULink(_Model):
+    """How two GPUs of a node reach each other (NVML, :mod:`daemon.nvml`)."""
+
+    a: Count
+    b: Count
+    nvlinks: Count = Field(0, description="active NVLink links between the two (0: none)")
+    path: Label = Field(description="NVML's common ancestor of the pair: internal, single PCIe switch, multiple "
+                                    "PCIe switches, host bridge, NUMA node, system (across sockets)")
+
+
+class GPUTopology(_Model):
+    """The GPUs' interconnect, recorded with every trial (read through NVML on the node)."""
+
+    cuda_driver_version: Label | None = Field(None, description="the CUDA version the driver supports, e.g. 12.4")
+    interconnect: Label = Field(description="NVLink, NVLink (some pairs) + PCIe, PCIe, or single GPU")
+    links: list[GPULink] = Field(default_factory=list, max_length=MAX_GPUS * 8)
+
+
 class Fingerprint(_Model):
     """Hardware and software of the node that ran a trial, read for real on that node."""
 
@@ -68,6 +86,7 @@ class Fingerprint(_Model):
     transformers_version: Label | None = None
     servetune_version: Label
     hardware_class: Label
+    gpu_topology: GPUTopology | None = Field(None, description="None: no GPU read through NVML")
 
 
 class RequestSample(_Model):
@@ -121,6 +140,30 @@ class LoopLag(_Model):
     max_ms: Finite
 
 
+class GPUTelemetrySummary(_Model):
+    """One GPU over one measurement window (:mod:`daemon.telemetry`); None where NVML gave no reading."""
+
+    index: Count
+    n: Count = Field(description="samples taken")
+    power_w_mean: Finite | None = None
+    power_w_max: Finite | None = None
+    temperature_c_mean: Finite | None = None
+    temperature_c_max: Finite | None = None
+    sm_clock_mhz_mean: Finite | None = None
+    sm_clock_mhz_min: Finite | None = None
+    memory_used_mib_max: Finite | None = None
+
+
+class GPUTelemetry(_Model):
+    """GPU telemetry of a measurement window; ``sampled`` False (and ``note`` says why) where there was
+    none to read: never made-up numbers."""
+
+    sampled: bool
+    note: Text = ""
+    interval_s: Finite | None = None
+    gpus: list[GPUTelemetrySummary] = Field(default_factory=list, max_length=MAX_GPUS)
+
+
 class TrialOutcome(_Model):
     """The payload of a RESULT: everything one attempt measured, ok or failed."""
 
@@ -146,5 +189,7 @@ class TrialOutcome(_Model):
         "and cumulative counters read (daemon.scrape); empty when the server has no /metrics",
     )
     fingerprint: Fingerprint | None = None
+    gpu_telemetry: GPUTelemetry | None = Field(None, description="GPU power, temperature, SM clock and memory "
+                                                                  "over the measurement window (None: not asked)")
     started_at_us: Int64
     finished_at_us: Int64
