@@ -22,6 +22,10 @@ max_transport_retries      3         attempts of one trial lost to transport or 
 artifact_drain_s           60.0      once every result is in, how long the sweep still waits for
                                      artifacts in flight (logs, samples; it ends sooner when
                                      uploads are quiet); the rest stay spooled on the nodes
+breaker_failures           3         consecutive transport failures of one daemon that open its
+                                     circuit breaker (it is granted nothing; coordinator.breaker)
+recovery_after_s           30.0      an open breaker's cool-down: then one probe batch; a class
+                                     with no daemon in service for twice this is drained to holes
 =========================  ========  ==========================================================
 """
 
@@ -54,6 +58,9 @@ class FleetSettings(BaseModel):
     max_transport_retries: int = Field(3, ge=1, le=100)
     #: How long a sweep whose results are all in still waits for artifacts in flight (coordinator.artifact_sink).
     artifact_drain_s: float = Field(60.0, ge=0, le=3600)
+    #: Circuit breaker (coordinator.breaker): N consecutive transport failures open it; the cool-down.
+    breaker_failures: int = Field(3, ge=1, le=1000)
+    recovery_after_s: float = Field(30.0, gt=0, le=86_400)
 
     @model_validator(mode="after")
     def _ttl_covers_heartbeats(self) -> FleetSettings:
