@@ -18,6 +18,10 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   its outstanding attempts as ``transport`` (:class:`CloseAttempts`, with the reason) and queues
   the trials again, first in line, for a daemon of the same hardware class, with epoch + 1,
   until a trial has lost ``max_transport_retries`` attempts in this sweep; then it stays a hole.
+- Every such loss is a :class:`~coordinator.retries.RetryEvent` (a line of ``retries.jsonl``) and a
+  failure for its daemon's circuit breaker (:mod:`coordinator.breaker`): an open breaker gets no
+  work, a half-open one exactly one batch (its probe); an accepted result is a success. A class
+  with no daemon in service for two cool-downs has its queued work drained (:class:`Drained`).
 - A daemon silent for ``suspect_after_missed`` heartbeat intervals is reported once as suspect
   (:class:`Notice`); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
 - With no daemon connected for ``daemon_wait_s`` the core stops and returns :class:`NoDaemon`.

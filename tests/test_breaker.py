@@ -269,3 +269,42 @@ def test_core_never_drains_before_any_daemon_joined() -> None:
     c = core(clock, settings=FAST)
     clock.t += 100.0
     assert not any(isinstance(e, Drained) for e in c.tick()) and c.queue
+
+
+# ---------------------------------------------------------------------- schedule state: store, file, dashboard
+
+
+def test_schedule_state_is_kept_in_the_store_and_written_to_schedule_json(tmp_path: Path) -> None:
+    from coordinator.schedule import ScheduleBook
+    from coordinator.store import Store
+    from dashboards.app import state
+    from dashboards.app.experiments import schedule_html
+
+    clock = Clock()
+    store = Store.open(tmp_path / "exp")
+    try:
+        book = ScheduleBook(store, "exp", FAST, clock=clock)
+        board = BreakerBoard(failures=1, recovery_after_s=5.0)
+        book.joined("d1", "class-a", "node-1", board)
+        board.failure("d1", clock(), "lease expired")
+        book.breaker(board, {"d1"})
+        book.retried([RetryEvent("retry", "t1", 1, "d1", "lease expired", 10)], board)
+        book.drained(Drained("class-b", ("t2", "t3"), drain_reason("class-b", 0.0)))
+        book.clock_offsets({"d1": {"offset_s": 0.25, "uncertainty_s": 0.01}})
+        doc = json.loads((tmp_path / "exp" / "schedule.json").read_text())
+        assert doc["daemons"]["d1"]["breaker"]["state"] == "open" and doc["daemons"]["d1"]["retries"] == 1
+        assert doc["daemons"]["d1"]["outcome"].startswith("breaker open (down since")
+        assert doc["breaker_trips"][0]["daemon_id"] == "d1" and doc["breaker_trips"][0]["reason"].startswith("1 cons")
+        assert doc["retries"] == {"retry": 1, "given_up": 0, "failover": 0}
+        assert doc["drained"]["class-b"]["trials"] == 2 and doc["policy"]["drain_after_s"] == 10.0
+        assert doc["clock_offsets"] == {"d1": {"offset_s": 0.25, "uncertainty_s": 0.01}}
+        assert store.schedule()["daemon:d1"]["breaker"]["state"] == "open"  # the file is written from the store
+        book.left("d1", "presumed dead", board)
+        book.finished("finished", board)
+        live = state.live_status(tmp_path / "exp")
+        html = schedule_html(live.schedule)
+        assert "data-daemon='d1' data-state='open'" in html and "left: presumed dead" in html
+        assert "class-b: 2 trial(s)" in html and "offset_s" in html
+    finally:
+        store.close()
+    assert not list((tmp_path / "exp").glob(".schedule-*")), "no temporary file left behind"
