@@ -1,7 +1,7 @@
 """Circuit breaker, drain and retries end to end: a real coordinator and real daemons on loopback
 (tests/fleet_harness.py), the ``openai`` backend against the FAKE endpoint of
 tests/fakes/openai_server.py, the FAKE network of tests/fakes/faultproxy.py. Short timings
-(heartbeat 0.2 s, TTL 2 s, grace 1 s; cool-down 2 s) so each scenario takes seconds."""
+(heartbeat 0.2 s, TTL 2 s, grace 1 s; cool-downs of 1 to 3 s) so each scenario takes seconds."""
 
 from __future__ import annotations
 
@@ -15,16 +15,13 @@ import xarray as xr
 
 from servetune.exitcodes import ExitCode
 from tests.fakes.faultproxy import FaultProxy
-from tests.fakes.openai_server import FakeOpenAIServer
-from tests.fleet_harness import Fleet, acked_submissions, check_invariants, wait_for
+from tests.fleet_harness import Fleet, wait_for
+from tests.test_fleet_faults import _invariants
+from tests.test_fleet_faults import endpoint as _endpoint
+
+endpoint = _endpoint  # the fault suite's fixture: one FAKE OpenAI endpoint for the module
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with FakeOpenAIServer(token_delay_ms=5.0, ttft_ms=5.0) as server:
-        yield server.base_url
 
 
 @pytest.fixture
@@ -45,16 +42,8 @@ def _transport_losses(fleet: Fleet) -> int:
     return sum(1 for a in fleet.attempts() if a["failure_kind"] == "transport")
 
 
-def _invariants(fleet: Fleet, *daemon_ids: str) -> None:
-    acked: set[str] = set()
-    for d in daemon_ids:
-        acked |= acked_submissions(fleet.daemon_log(d))
-    problems = check_invariants(fleet, acked)
-    assert not problems, "\n".join(problems)
-
-
 def test_a_flaky_daemon_opens_its_breaker_answers_its_probe_and_the_sweep_completes(fleet: Fleet) -> None:
-    fleet.start_coordinator("--fleet", _fleet_file(fleet, breaker_failures=3, recovery_after_s=2.0,
+    fleet.start_coordinator("--fleet", _fleet_file(fleet, breaker_failures=3, recovery_after_s=3.0,
                                                    max_transport_retries=6))
     with FaultProxy("127.0.0.1", fleet.port) as proxy:
         fleet.start_daemon("d1", proxy.address)
@@ -99,13 +88,13 @@ def test_a_flaky_daemon_opens_its_breaker_answers_its_probe_and_the_sweep_comple
     assert d1["breaker"]["state"] == "closed" and len(d1["breaker"]["trips"]) == 1
     trip = schedule["breaker_trips"][0]
     assert trip["daemon_id"] == "d1" and trip["closed_at"] >= trip["at"] > 0
-    assert schedule["policy"]["recovery_after_s"] == 2.0 and schedule["sweep_status"] == "finished"
+    assert schedule["policy"]["recovery_after_s"] == 3.0 and schedule["sweep_status"] == "finished"
     assert schedule["retries"]["retry"] == len(lines) and schedule["clock_offsets"] == {}
     _invariants(fleet, "d1")
 
 
 def test_a_class_whose_only_daemon_dies_ends_as_loud_holes_that_a_resume_picks_up(fleet: Fleet) -> None:
-    fleet_file = _fleet_file(fleet, recovery_after_s=1.0)
+    fleet_file = _fleet_file(fleet, recovery_after_s=1.0, artifact_drain_s=2)  # the dead daemon uploads nothing more
     fleet.start_coordinator("--fleet", fleet_file)
     d1 = fleet.start_daemon("d1")
     wait_for(lambda: fleet.ok_count() >= 1 and fleet.measuring_on("d1"), 60, "a result and d1 measuring")
