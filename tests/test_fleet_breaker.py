@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
+import analysis
 from servetune.exitcodes import ExitCode
 from tests.fakes.faultproxy import FaultProxy
 from tests.fleet_harness import Fleet, wait_for
@@ -82,6 +83,10 @@ def test_a_flaky_daemon_opens_its_breaker_answers_its_probe_and_the_sweep_comple
     assert warned >= 1
     with xr.open_dataset(fleet.folder / "results.nc") as ds:
         assert sum(1 for w in ds["retry_warning"].values if str(w)) == warned
+    from analysis.report import _design_warnings  # the report's warnings list (dashboards/report.py shows it)
+
+    retried = [w for w in _design_warnings(analysis.load(fleet.folder)) if w["code"] == "retried"]
+    assert len(retried) == warned and all("transport failure(s) on d1" in w["message"] for w in retried)
 
     schedule = json.loads((fleet.folder / "schedule.json").read_text())
     d1 = schedule["daemons"]["d1"]
