@@ -222,6 +222,11 @@ def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
                         f"({n_set} of {len(values)} trials set it): the parameter analyses leave it out, since the "
                         "default's value is not recorded; read any difference it makes from the configs "
                         "themselves (and see 'aliased' if it moves with another parameter)"})
+    if "retry_warning" in ds.coords:  # results that came after attempts lost to transport (retries.jsonl)
+        for tid, lp, text in zip(ds["trial_id"].values, ds["load_point"].values, ds["retry_warning"].values):
+            if str(text):
+                out.append({"code": "retried", "subject": f"trial {str(tid)[:12]} @ {lp}", "section": "design",
+                            "message": f"{text} (the result stands; runs/<name>/retries.jsonl has each lost attempt)"})
     return out
 
 

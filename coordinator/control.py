@@ -18,6 +18,10 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   its outstanding attempts as ``transport`` (:class:`CloseAttempts`, with the reason) and queues
   the trials again, first in line, for a daemon of the same hardware class, with epoch + 1,
   until a trial has lost ``max_transport_retries`` attempts in this sweep; then it stays a hole.
+- Every such loss is a :class:`~coordinator.retries.RetryEvent` (a line of ``retries.jsonl``) and a
+  failure for its daemon's circuit breaker (:mod:`coordinator.breaker`): an open breaker gets no
+  work, a half-open one exactly one batch (its probe); an accepted result is a success. A class
+  with no daemon in service for two cool-downs has its queued work drained (:class:`Drained`).
 - A daemon silent for ``suspect_after_missed`` heartbeat intervals is reported once as suspect
   (:class:`Notice`); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
 - With no daemon connected for ``daemon_wait_s`` the core stops and returns :class:`NoDaemon`.
@@ -55,9 +59,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from coordinator.breaker import BreakerBoard, BreakerChanged, Drained, ServiceWatch, drain_reason
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
+from coordinator.retries import RetryEvent, RetryLedger
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
@@ -181,7 +187,7 @@ class ReceiveArtifact:
 
 Instruction = (
     Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
-    | Refused | ReceiveArtifact
+    | Refused | ReceiveArtifact | BreakerChanged | Drained | RetryEvent
 )
 
 
@@ -232,6 +238,8 @@ class ControlCore:
     accepted: dict[tuple[str, int], str] = field(default_factory=dict)
     orphans: Sequence[Orphan] = ()
     clock: Callable[[], float] = time.monotonic
+    #: Wall clock, only to say *when* in a drained trial's reason (decisions use ``clock``).
+    wall_clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
@@ -244,6 +252,10 @@ class ControlCore:
         self.stopping = False
         self.lost: Counter[str] = Counter()  # trial -> attempts lost to transport this sweep
         self.given_up: set[str] = set()
+        #: Per-daemon circuit breakers, the drain of classes out of service, every retry (coordinator.breaker).
+        self.breaker = BreakerBoard(self.settings.breaker_failures, self.settings.recovery_after_s)
+        self.service = ServiceWatch(2 * self.settings.recovery_after_s)
+        self.retries = RetryLedger()
         self._attempts = dict(self.attempts)
         self._accepted = dict(self.accepted)
         now = self.clock()
@@ -367,6 +379,8 @@ class ControlCore:
             waited = now - self._no_daemon_since
             out += self.abort(f"no daemon connected for {waited:.0f} s (--daemon-wait {s.daemon_wait_s:g})")
             out.append(NoDaemon(waited))
+        out += self.breaker.tick(now)
+        out += self._drain(now)
         out += self._serve_waiting(now)
         return out
 
@@ -382,7 +396,7 @@ class ControlCore:
                 del self.waiting[daemon_id]
                 out.append(Send(daemon_id, Shutdown(reason="no more work")))
                 continue
-            if self.queue:
+            if self.queue and self.breaker.may_grant(daemon_id, now):  # an open breaker: no work
                 if not self._may_grant():
                     continue  # work is there, this pass's budget is not: it stays waiting, unanswered
                 work = self._take(d.hardware_class) if self._policy_allows(d) else None
@@ -394,6 +408,38 @@ class ControlCore:
                 del self.waiting[daemon_id]
                 out.append(Send(daemon_id, NoWork(retry_after_s=0.0)))
         return out
+
+    def _drain(self, now: float) -> list[Instruction]:
+        """Queued work of every hardware class out of service for two cool-downs (no connected
+        daemon of it with a closed breaker, no probe of it in flight) becomes holes, with why
+        (:class:`Drained`); work no class has taken yet, once every known class is drained."""
+        if self.stopping:
+            return []
+        in_service: dict[str, bool] = {}
+        for d in self.daemons.values():
+            in_service[d.hardware_class] = in_service.get(d.hardware_class, False) or self.breaker.closed(d.daemon_id)
+        probing = {lease.work.hardware_class or "" for lease in self.leases if self.breaker.probing(lease.daemon_id)}
+        self.service.update(now, in_service, probing)
+        drained = self.service.drained
+        if not drained or not self.queue:
+            return []
+        everything = drained >= self.service.known
+        gone: dict[str | None, list[str]] = {}
+        for cls in [*sorted(drained), *([None] if everything else [])]:
+            trials = [m.trial_id for w in self.queue.drain(cls) for m in w.trials]
+            if trials:
+                gone[cls] = trials
+        out: list[Instruction] = []
+        for cls, trials in gone.items():
+            since = self.service.out_since[cls] if cls is not None else self.service.all_out_since()
+            name = cls if cls is not None else ", ".join(sorted(self.service.known))
+            reason = drain_reason(name, self.wall_clock() - (now - (now if since is None else since)))
+            out.append(Drained(cls, tuple(trials), reason))
+        return out
+
+    def retry_warning(self, trial_id: str) -> str | None:
+        """The warning a result of ``trial_id`` carries when attempts of it were lost in this sweep."""
+        return self.retries.warning(trial_id, self.settings.max_transport_retries)
 
     def add(self, work: BatchWork) -> bool:
         """Queue a batch planned during the sweep (a rate sweep's follow-ups); False when stopping.
@@ -468,6 +514,7 @@ class ControlCore:
         self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now,
                                                 key=key)
         self._no_daemon_since = None
+        self.service.known.add(fp.hardware_class)
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         caps = msg.capabilities
         joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,
@@ -541,7 +588,8 @@ class ControlCore:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
         if out:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
-        work = self._take(d.hardware_class) if self._may_grant() and self._policy_allows(d) else None
+        work = (self._take(d.hardware_class)
+                if self._may_grant() and self.breaker.may_grant(d.daemon_id, now) and self._policy_allows(d) else None)
         if work is None:
             if self.stopping or self.finished:
                 return [Send(d.daemon_id, Shutdown(reason="no more work"))]
@@ -575,7 +623,8 @@ class ControlCore:
             model=self.spec.model, backend=self.spec.backend, budgets=self.spec.budgets, config=work.batch.config,
             trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
         )
-        return [BeginAttempts(d.daemon_id, work.batch_id, attempts), Send(d.daemon_id, grant)]
+        return [*self.breaker.granted(d.daemon_id, now), BeginAttempts(d.daemon_id, work.batch_id, attempts),
+                Send(d.daemon_id, grant)]
 
     def _take(self, hardware_class: str) -> BatchWork | None:
         if self.stopping:
@@ -609,7 +658,7 @@ class ControlCore:
         manifest = lease.manifest(msg.trial_id)
         self._accepted[key] = msg.submission_id
         self.leases.resolve(lease, msg.trial_id, msg.submission_id, now)
-        return [Accept(d.daemon_id, msg, manifest),
+        return [*self.breaker.success(d.daemon_id, now), Accept(d.daemon_id, msg, manifest),
                 Send(d.daemon_id, Ack(trial_id=msg.trial_id, submission_id=msg.submission_id))]
 
     def _batch_error(self, d: DaemonSession, msg: BatchError) -> list[Instruction]:
@@ -639,12 +688,18 @@ class ControlCore:
         out: list[Instruction] = [CloseAttempts(pairs, reason)] if pairs else []
         if self.stopping or not pairs:
             return out
+        out += self.breaker.failure(lease.daemon_id, self.clock(), reason.splitlines()[0])
+        budget = self.settings.max_transport_retries
         retry: list[TrialManifest] = []
         for m in lease.work.trials:
             if m.trial_id not in lease.outstanding:
                 continue
             self.lost[m.trial_id] += 1
-            if self.lost[m.trial_id] >= self.settings.max_transport_retries:
+            self.retries.lost(m.trial_id, lease.attempts[m.trial_id], lease.daemon_id, reason)
+            spent = self.lost[m.trial_id] >= budget
+            out.append(RetryEvent("given_up" if spent else "retry", m.trial_id, lease.attempts[m.trial_id],
+                                  lease.daemon_id, reason.splitlines()[0], budget))
+            if spent:
                 self.given_up.add(m.trial_id)
                 out.append(Notice(logging.ERROR, f"trial {m.trial_id[:12]} lost {self.lost[m.trial_id]} attempts to "
                                                  "transport or daemon errors in this sweep; left as a hole"))

@@ -52,7 +52,7 @@ def build_dataset(store: Store) -> xr.Dataset:
     coords: dict[str, list[Any]] = {k: [] for k in (
         "trial_id", "attempt", "config_id", "experiment", "load_point", "repeat", "status", "failure_kind",
         "error", "is_baseline", "baseline_run", "started_at", "hardware_class", "daemon_key_id", "backend", "spec_hash",
-        "in_current_spec", "stopped_early", "client_fell_behind", "request_rate", "max_concurrency",
+        "in_current_spec", "stopped_early", "retry_warning", "client_fell_behind", "request_rate", "max_concurrency",
         "input_len", "output_len", "config_label", "dataset", "dataset_sha256", "endpoint", "arrival", "burstiness",
     )}
     params: dict[str, list[Any]] = {f"param_{a}": [] for a in arg_names}
@@ -84,6 +84,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         coords["spec_hash"].append(first_spec)
         coords["in_current_spec"].append(trial_id in order)
         coords["stopped_early"].append(metrics.get("stopped_early") or "")
+        coords["retry_warning"].append(metrics.get("retry_warning") or "")
         coords["client_fell_behind"].append(bool(metrics.get("client_fell_behind", False)))
         coords["request_rate"].append(_num(lp.request_rate))
         coords["max_concurrency"].append(_num(lp.max_concurrency))

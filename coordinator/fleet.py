@@ -34,6 +34,10 @@ groups                     []        resource groups (:mod:`coordinator.policy`)
 clock_probe_every_s        300.0     how often each daemon's clock offset is estimated again
                                      (Cristian's algorithm, coordinator/clock.py; also when it
                                      joins); the estimates go to ``runs/<name>/clock.json``
+breaker_failures           3         consecutive transport failures of one daemon that open its
+                                     circuit breaker (it is granted nothing; coordinator.breaker)
+recovery_after_s           30.0      an open breaker's cool-down: then one probe batch; a class
+                                     with no daemon in service for twice this is drained to holes
 =========================  ========  ==========================================================
 
 A daemon's own limit, ``max_concurrency`` (default 1), and optionally its ``group`` and
@@ -104,6 +108,10 @@ class FleetSettings(BaseModel):
                                          "a daemon is in one group")
                     owner[d] = g.name
         return self
+
+    #: Circuit breaker (coordinator.breaker): N consecutive transport failures open it; the cool-down.
+    breaker_failures: int = Field(3, ge=1, le=1000)
+    recovery_after_s: float = Field(30.0, gt=0, le=86_400)
 
     @model_validator(mode="after")
     def _ttl_covers_heartbeats(self) -> FleetSettings:

@@ -77,8 +77,9 @@ class ClassQueues:
     def has_work(self, hardware_class: str) -> bool:
         return bool(self._queues.get(hardware_class)) or bool(self._queues.get(None))
 
-    def drain(self, hardware_class: str) -> list[BatchWork]:
-        """Remove and return every batch pinned to ``hardware_class`` (unpinned work stays)."""
+    def drain(self, hardware_class: str | None) -> list[BatchWork]:
+        """Remove and return every batch pinned to ``hardware_class`` (unpinned work stays), or,
+        with None, every batch no class has taken yet."""
         return list(self._queues.pop(hardware_class, ()))
 
     def clear(self) -> None:

@@ -2,7 +2,7 @@
 
 Layout of an experiment folder (``<results root>/<name>/``)::
 
-    experiment.sqlite          specs, trials, attempts, state transitions, sweeps
+    experiment.sqlite          specs, trials, attempts, state transitions, sweeps, the schedule state
     results/<trial_id>/attempt-<n>.json   one per finished attempt (manifest, outcome, metrics)
     results.nc                 the consolidated xarray dataset (written by coordinator.dataset)
 
@@ -81,6 +81,9 @@ CREATE TABLE IF NOT EXISTS pending_results (
 CREATE TABLE IF NOT EXISTS sweeps (
     id INTEGER PRIMARY KEY AUTOINCREMENT, spec_hash TEXT NOT NULL, started_at_us INTEGER NOT NULL,
     finished_at_us INTEGER, status TEXT NOT NULL, detail TEXT
+);
+CREATE TABLE IF NOT EXISTS schedule (
+    key TEXT PRIMARY KEY, value_json TEXT NOT NULL, updated_at_us INTEGER NOT NULL
 );
 """
 
@@ -593,6 +596,25 @@ class Store:
 
     def end_sweep(self, sweep_id: int, status: str) -> None:
         self._conn.execute("UPDATE sweeps SET status=?, finished_at_us=? WHERE id=?", (status, now_us(), sweep_id))
+
+    # ------------------------------------------------------------------ schedule state
+
+    def put_schedule(self, key: str, value: Any) -> None:
+        """Set one entry of the latest sweep's schedule state (``coordinator.schedule``: policy,
+        ``daemon:<id>``, ``drained:<class>``, retries, clock offsets) to the JSON-able ``value``."""
+        with self._tx() as conn:
+            conn.execute("INSERT INTO schedule(key, value_json, updated_at_us) VALUES (?,?,?) ON CONFLICT(key) "
+                         "DO UPDATE SET value_json=excluded.value_json, updated_at_us=excluded.updated_at_us",
+                         (key, json.dumps(value, sort_keys=True), now_us()))
+
+    def schedule(self) -> dict[str, Any]:
+        """The schedule state, key -> value."""
+        return {r["key"]: json.loads(r["value_json"]) for r in self._conn.execute("SELECT key, value_json FROM schedule")}
+
+    def clear_schedule(self) -> None:
+        """A new sweep starts with an empty schedule state."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM schedule")
 
     def close_stale_sweeps(self) -> int:
         cur = self._conn.execute(

@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 
 from coordinator.artifact_sink import ArtifactSink, SinkPolicy
+from coordinator.breaker import BreakerChanged, Drained
 from coordinator.clock import ClockSchedule, ClockStep, write_clock_file
 from coordinator.control import (
     Accept,
@@ -55,6 +56,8 @@ from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
 from coordinator.planning import needs_run, plan_experiment
 from coordinator.progress import SweepProgress
+from coordinator.retries import RetryEvent, RetryLog
+from coordinator.schedule import ScheduleBook
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
 from coordinator.transport import RouterEndpoint
@@ -272,6 +275,9 @@ class SweepRunner:
         self._dataset_writer: DatasetWriter | None = None
         #: Daemon clock offsets (coordinator.clock): probed on join and every clock_probe_every_s.
         self.clocks: ClockSchedule | None = None
+        self.schedule: ScheduleBook | None = None  # breakers, retries, drains (coordinator.schedule)
+        self.retry_log: RetryLog | None = None
+        self.drained: dict[str, str] = {}  # trial -> why it was drained to a hole
         swept = swept_names(self.plan.configs().values()) or None
         self._labels = {
             m.trial_id: f"{m.engine.label(swept) if m.backend != 'openai' else m.target} @ {m.load_point.name}"
@@ -372,6 +378,8 @@ class SweepRunner:
             spec=self.spec, work=work, settings=self.fleet, coordinator_id=self.coordinator_id,
             attempts=store.max_attempts(), accepted=store.accepted_submissions(), orphans=orphans,
         )
+        self.schedule = schedule = ScheduleBook(store, self.spec.name, self.fleet, clock=self.core.clock)
+        self.retry_log = RetryLog(folder)
         status = "finished"
         exit_code: int = ExitCode.OK
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -402,6 +410,7 @@ class SweepRunner:
             signal.signal(signal.SIGTERM, old_term)
             self._stop_child()
             store.end_sweep(sweep_id, status)
+            schedule.finished(status, self.core.breaker)
         dataset_path = write_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
         holes = self._holes(store)
@@ -461,9 +470,13 @@ class SweepRunner:
         holes: dict[str, str] = {}
         for t in store.planned_trial_ids(self.spec_hash):
             att = latest.get(t)
-            if att is None:
-                holes[t] = "never granted (the sweep stopped first)"
-            elif att.status == "failed" and att.failure_kind == "transport":
+            lost = (att is not None and att.status == "failed" and att.failure_kind == "transport")
+            if att is not None and lost and t in self.drained:  # drained after a lost attempt
+                holes[t] = f"{self.drained[t]} (attempt {att.attempt} was lost: " \
+                           f"{(att.error or 'transport failure').splitlines()[0]})"
+            elif att is None:
+                holes[t] = self.drained.get(t, "never granted (the sweep stopped first)")
+            elif lost:
                 holes[t] = f"attempt {att.attempt} lost: {(att.error or 'transport failure').splitlines()[0]}"
         return holes
 
@@ -741,19 +754,50 @@ class SweepRunner:
                 log.info("daemon %s joined: %s (%s)", ins.daemon_id, ins.hardware_class, ins.hostname)
                 if self.clocks is not None:
                     self.clocks.join(ins.daemon_id)  # its clock is probed before its first batch measures
+                if self.schedule is not None:
+                    self.schedule.joined(ins.daemon_id, ins.hardware_class, ins.hostname, core.breaker)
                 progress.phase(f"daemon {ins.daemon_id} joined ({ins.hardware_class})")
             elif isinstance(ins, DaemonLeft):
                 if self.clocks is not None:
                     self.clocks.leave(ins.daemon_id)
+                if self.schedule is not None:
+                    self.schedule.left(ins.daemon_id, ins.reason, core.breaker)
                 if ins.daemon_id == self.child_daemon_id and not core.finished:
                     if ins.reason.startswith("signal "):
                         raise SweepInterrupted(f"the local daemon stopped on {ins.reason}")
                     raise ServetuneError(f"the local daemon left: {ins.reason}")
             elif isinstance(ins, Refused):
                 endpoint.gate.refuse("identity", f"{ins.reason} (key {key_id(ins.key)})", once_per=ins.key)
+            elif isinstance(ins, (BreakerChanged, Drained, RetryEvent)):
+                self._schedule_change(ins)
             elif isinstance(ins, NoDaemon):
                 self.no_daemon = True
                 self.console.print(f"[red]no daemon connected for {ins.waited_s:.0f} s: ending the sweep")
+
+    def _schedule_change(self, ins: BreakerChanged | Drained | RetryEvent) -> None:
+        """A breaker moved (DOWN / UP on the console), a class was drained to holes, or a trial
+        was retried (a line of retries.jsonl): kept in the store's schedule state and schedule.json."""
+        core = self.core
+        assert core is not None
+        if isinstance(ins, RetryEvent):
+            if self.retry_log is not None:
+                self.retry_log.append([ins])
+            if self.schedule is not None:
+                self.schedule.retried([ins], core.breaker)
+            return
+        if isinstance(ins, BreakerChanged):
+            line = ins.line
+            if self.schedule is not None:
+                self.schedule.breaker(core.breaker, {ins.daemon_id})
+        else:
+            for t in ins.trial_ids:
+                self.drained[t] = ins.reason
+            line = f"DRAINED {len(ins.trial_ids)} trial(s) to holes: {ins.reason}"
+            if self.schedule is not None:
+                self.schedule.drained(ins)
+            self._dataset_dirty = True
+        log.warning("%s", line)
+        self.console.print(line, markup=False, highlight=False)  # its own plain line: DOWN / UP / PROBE / DRAINED
 
     def _accept(self, endpoint: RouterEndpoint, ins: Accept) -> None:
         store, progress, core = self.store, self.progress, self.core
@@ -774,6 +818,9 @@ class SweepRunner:
             kind = "measurement"
         if metrics is None:
             metrics = self._extras(outcome)
+        warning = core.retry_warning(msg.trial_id)  # attempts of it lost in this sweep: said on the record
+        if warning:
+            metrics["retry_warning"] = warning
         head = json.dumps({
             "trial_id": msg.trial_id,
             "attempt": msg.epoch,

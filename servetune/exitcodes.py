@@ -12,7 +12,9 @@ code   name                 meaning
                             a fleet sweep without coordinator keys; ``keys`` commands: a malformed
                             key or name, a missing or malformed key file
 3      HOLES                the sweep ended with trials not measured (sweep budget spent, a trial's
-                            retry budget of transport failures used up); run it again to fill them
+                            retry budget of transport failures used up, a hardware class drained
+                            after two breaker cool-downs with no daemon of it in service); run it
+                            again to fill them
 4      NO_DAEMON            no daemon was connected for ``--daemon-wait`` seconds; holes are left
 5      DAEMON_CONFIG        daemon: this node's configuration is unusable (vLLM interpreter missing,
                             work folder not writable, bad CPU list, no daemon keys or coordinator key)

@@ -13,7 +13,10 @@ Coordinates on ``trial``
     of the CURVE key of the daemon that produced the row; "" for a hole or an older store),
     ``backend``, ``spec_hash`` (the spec that first planned the
     trial), ``in_current_spec``, ``stopped_early`` ("" or why a stop condition ended the load point
-    early: the trial is still ok, its metrics cover what ran) and ``client_fell_behind``, the load point's
+    early: the trial is still ok, its metrics cover what ran), ``retry_warning`` ("" or, for a result
+    that came after attempts lost to transport in its sweep, e.g. "produced on attempt 2 of 3 after
+    1 transport failure(s) on node-b"; ``runs/<name>/retries.jsonl`` has each loss) and
+    ``client_fell_behind``, the load point's
     ``request_rate``/``max_concurrency`` (NaN when unset), ``input_len``/``output_len`` (mean
     tokens of the load point's distributions; NaN for file datasets), ``dataset`` (random /
     shared_prefix / sharegpt / jsonl), ``dataset_sha256`` (file datasets), ``endpoint``

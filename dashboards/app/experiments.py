@@ -10,6 +10,7 @@ it (hardware class, fingerprint, state, last phase). Both refresh when the files
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from typing import Any
 
@@ -86,7 +87,37 @@ def live_html(info: state.ExperimentInfo | None) -> str:
         f"<div class='st-progress'><progress max='100' value='{pct:.1f}'></progress> {done}/{live.planned} "
         f"({pct:.0f}%) &middot; {sweep}{mean}</div>"
         f"<h4>Daemons</h4><table class='st-table st-daemons'><tr><th>daemon</th><th>hardware class</th><th>state</th>"
-        f"<th>last phase</th><th>attempts</th><th>fingerprint</th></tr>{daemons}</table></div>")
+        f"<th>last phase</th><th>attempts</th><th>fingerprint</th></tr>{daemons}</table>"
+        f"{schedule_html(live.schedule)}</div>")
+
+
+def schedule_html(rows: dict[str, Any]) -> str:
+    """The sweep's schedule state: each daemon's breaker and outcome, retries, drained classes,
+    clock offsets (the store's schedule table, which ``schedule.json`` is written from)."""
+    if not rows:
+        return ""
+    policy = rows.get("policy", {})
+    daemons = "".join(
+        f"<tr class='st-breaker' data-daemon='{esc(k.removeprefix('daemon:'))}' data-state='{esc(v.get('breaker', {}).get('state', ''))}'>"
+        f"<td>{esc(k.removeprefix('daemon:'))}</td><td>{esc(v.get('hardware_class', ''))}</td>"
+        f"<td>{esc(v.get('breaker', {}).get('state', ''))}</td><td>{len(v.get('breaker', {}).get('trips', []))}</td>"
+        f"<td>{v.get('retries', 0)}</td><td>{esc(v.get('outcome', ''))}</td></tr>"
+        for k, v in sorted(rows.items()) if k.startswith("daemon:"))
+    drained = "".join(f"<li class='st-drained'>{esc(k.removeprefix('drained:'))}: {v.get('trials', 0)} trial(s): "
+                      f"{esc(v.get('reason', ''))}</li>" for k, v in sorted(rows.items()) if k.startswith("drained:"))
+    retries = rows.get("retries", {})
+    offsets = rows.get("clock_offsets") or {}
+    return (
+        f"<h4>Schedule</h4><div class='st-note st-schedule'>sweep {esc(rows.get('sweep_status', ''))}; breaker opens after "
+        f"{esc(policy.get('breaker_failures', '?'))} consecutive transport failures, probes after "
+        f"{esc(policy.get('recovery_after_s', '?'))} s; a class out of service for {esc(policy.get('drain_after_s', '?'))} s "
+        f"is drained to holes. Retries: {retries.get('retry', 0)} re-run, {retries.get('given_up', 0)} given up, "
+        f"{retries.get('failover', 0)} failed over (runs/&lt;name&gt;/retries.jsonl)</div>"
+        f"<table class='st-table st-schedule-daemons'><tr><th>daemon</th><th>hardware class</th><th>breaker</th>"
+        f"<th>trips</th><th>retries</th><th>outcome</th></tr>{daemons}</table>"
+        + (f"<ul class='st-drained-list'>{drained}</ul>" if drained else "")
+        + (f"<div class='st-note st-clock-offsets'>clock offsets: {esc(json.dumps(offsets, sort_keys=True))}</div>"
+           if offsets else ""))
 
 
 class ExperimentsPage(pn.viewable.Viewer):

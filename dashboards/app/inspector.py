@@ -34,7 +34,7 @@ _SHOWN_METRICS = ("status", "failure_kind", "error", "load_point", "hardware_cla
                   "output_throughput", "request_throughput", "request_goodput", "slo_attainment", "ttft_ms_p50",
                   "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2el_ms_p99", "n_requests", "n_completed", "n_errors",
                   "n_cancelled", "duration_s", "server_startup_s", "kv_cache_tokens", "server_max_running",
-                  "server_max_kv_cache_usage", "stopped_early")
+                  "server_max_kv_cache_usage", "stopped_early", "retry_warning")
 
 
 def _fmt(v: Any) -> str:

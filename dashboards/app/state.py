@@ -305,6 +305,10 @@ class LiveStatus:
     design: str
     mean_trial_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: The latest sweep's schedule state (the store's ``schedule`` table, as ``schedule.json`` has it;
+    #: ``coordinator.schedule``): key -> value, e.g. ``policy``, ``daemon:<id>``, ``drained:<class>``,
+    #: ``retries``, ``clock_offsets``. Empty for a store written before it existed.
+    schedule: dict[str, Any] = field(default_factory=dict)
 
 
 def live_status(folder: Path) -> LiveStatus:
@@ -328,6 +332,10 @@ def _read_live(folder: Path) -> LiveStatus:
         last_phase = {r["batch_id"]: (r["phase"], r["at_us"]) for r in conn.execute(
             "SELECT batch_id, phase, at_us FROM transitions WHERE id IN (SELECT MAX(id) FROM transitions "
             "GROUP BY batch_id)")}
+        try:
+            schedule = {r["key"]: json.loads(r["value_json"]) for r in conn.execute("SELECT key, value_json FROM schedule")}
+        except sqlite3.OperationalError:  # an older store: no schedule table
+            schedule = {}
     finally:
         conn.close()
     latest: dict[str, sqlite3.Row] = {}
@@ -353,7 +361,8 @@ def _read_live(folder: Path) -> LiveStatus:
             eta = mean_s * left
     daemons = _daemons(folder, attempts, last_phase, running)
     return LiveStatus(states, len(planned_ids), daemons, running, int(sweep["started_at_us"]) if sweep else 0, eta,
-                      int(first[0] or 0) if first else 0, str(spec["design"] or "") if spec else "", mean_s)
+                      int(first[0] or 0) if first else 0, str(spec["design"] or "") if spec else "", mean_s,
+                      schedule=schedule)
 
 
 def _daemons(folder: Path, attempts: list[sqlite3.Row], last_phase: dict[str, tuple[str, int]],
