@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
+from coordinator.targets import TargetBook
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
@@ -231,6 +232,7 @@ class ControlCore:
         check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
         self.queue: deque[BatchWork] = deque(self.work)
         self.leases = LeaseTable()
+        self.targets = TargetBook(self.spec.hardware)  # which daemons measure this spec (coordinator.targets)
         self.daemons: dict[str, DaemonSession] = {}
         self.stopping = False
         self.lost: Counter[str] = Counter()  # trial -> attempts lost to transport this sweep
@@ -390,7 +392,7 @@ class ControlCore:
         A waiting READY gets it at the next :meth:`tick`."""
         if self.stopping:
             return False
-        self.queue.append(work)
+        self.queue.append(self.targets.pin(work))
         return True
 
     def stop(self) -> int:
@@ -437,7 +439,11 @@ class ControlCore:
         if old is not None and old.session_nonce == msg.session_nonce:
             old.last_seen = now
             return [Send(daemon_id, self._welcome(msg.session_nonce))]  # a re-sent HELLO
-        out: list[Instruction] = []
+        admission = self.targets.admit(fp, self.queue, self.leases)
+        out: list[Instruction] = [Notice(logging.INFO, note) for note in admission.notes]
+        if admission.refusal is not None:
+            why = f"refused work: {admission.refusal}"
+            return [*out, Notice(logging.WARNING, f"daemon {daemon_id} {why}"), Send(daemon_id, Shutdown(reason=why))]
         held = {(r.trial_id, r.epoch) for r in msg.held}
         renewed: list[LeaseRef] = []
         revoked: list[LeaseRef] = []
