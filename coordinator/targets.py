@@ -96,8 +96,9 @@ class TargetBook:
             mismatch = filter_mismatch(target, fp)
             if bound is not None:
                 matched |= bound == cls
-                if bound != cls and mismatch is None:
-                    why.append(f"filter {target.name!r} is bound to {bound} (the first matching class to join; a "
+                if bound != cls:
+                    why.append(f"filter {target.name!r}: {mismatch}" if mismatch is not None else
+                               f"filter {target.name!r} is bound to {bound} (the first matching class to join; a "
                                "filter target is measured on one class)")
             elif mismatch is None:
                 self.bound[target.label] = cls
