@@ -254,6 +254,18 @@ def test_filter_work_waits_for_a_matching_class() -> None:
     assert c.finished
 
 
+def test_work_added_after_a_filter_is_bound_goes_to_its_class() -> None:
+    """A rate sweep's follow-ups are planned during the sweep: a filter's are pinned to its bound class."""
+    spec = parse_spec(TWO)
+    batches = [b for b in plan_grid(spec).batches if b.hardware_target == "filter:a100s"]
+    c = ControlCore(spec=spec, work=[BatchWork(batches[0], batches[0].trials)], settings=SETTINGS, clock=Clock())
+    c.handle("a1", hello("a1", A100))
+    assert run_to_end(c, {"a1": A100})["a1"] and c.finished
+    assert c.add(BatchWork(batches[1], batches[1].trials))
+    assert [w.hardware_class for w in c.queue] == ["1xA100-80GB"]
+    assert len(run_to_end(c, {"a1": A100})["a1"]) == len(batches[1].trials) and c.finished
+
+
 # --------------------------------------------------------------------------- failover
 
 
@@ -306,3 +318,33 @@ def test_failover_work_is_granted_only_to_the_failover_class() -> None:
     measured = run_to_end(c, {"a1": A100, "x1": H200})
     assert measured["a1"] == [] and len(measured["x1"]) == len(h100.trials) and c.finished
 
+
+
+# --------------------------------------------------------------------------- store and dataset
+
+
+def test_store_and_dataset_keep_each_trials_target_and_failover_tag(tmp_path: Path) -> None:
+    from coordinator.dataset import build_dataset
+    from coordinator.store import Store
+    from coordinator.sweep import select_work
+
+    spec = parse_spec(TWO)
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "exp")
+    try:
+        store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), TWO, plan)
+        work, _ = select_work(plan, store, retry_failed=False)
+        assert Counter(w.hardware_class for w in work) == {"1xH100-80GB": 6, "filter:a100s": 6}, "pinned per target"
+        moved = failover_work(spec.hardware, work[0], {"1xH200-141GB"})
+        assert moved is not None
+        store.add_trials(spec.spec_hash(), list(moved.moved.trials), moved.moved.batch.index)
+        ds = build_dataset(store)
+    finally:
+        store.close()
+    tags = dict(zip(ds["trial_id"].values.tolist(), ds["tags"].values.tolist()))
+    targets = dict(zip(ds["trial_id"].values.tolist(), ds["hardware_target"].values.tolist()))
+    for m in moved.moved.trials:
+        assert tags[m.trial_id] == "failover-from:1xH100-80GB" and targets[m.trial_id] == "1xH200-141GB"
+    originals = [m.trial_id for m in plan.trials()]
+    assert all(tags[t] == "" for t in originals)
+    assert Counter(targets[t] for t in originals) == {"1xH100-80GB": 12, "filter:a100s": 12}
