@@ -348,3 +348,15 @@ def test_store_and_dataset_keep_each_trials_target_and_failover_tag(tmp_path: Pa
     originals = [m.trial_id for m in plan.trials()]
     assert all(tags[t] == "" for t in originals)
     assert Counter(targets[t] for t in originals) == {"1xH100-80GB": 12, "filter:a100s": 12}
+
+
+def test_validate_says_how_many_targets_each_plan_covers(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from coordinator.commands import validate
+
+    assert validate.run(argparse.Namespace(config=str(CONFIGS / "fleet-example.yaml"))) == 0
+    line = capsys.readouterr().out
+    assert "x 2 hardware target(s) (1xH100-80GB, filter:a100-80g) = 32 trials" in line
+    assert validate.run(argparse.Namespace(config=str(CONFIGS / "quickstart.yaml"))) == 0
+    assert "hardware target" not in capsys.readouterr().out
