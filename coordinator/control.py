@@ -439,11 +439,12 @@ class ControlCore:
         if old is not None and old.session_nonce == msg.session_nonce:
             old.last_seen = now
             return [Send(daemon_id, self._welcome(msg.session_nonce))]  # a re-sent HELLO
-        admission = self.targets.admit(fp, self.queue, self.leases)
+        admission = self.targets.admit(fp, self.queue, self.leases, who=f"{daemon_id}/{msg.session_nonce}")
         out: list[Instruction] = [Notice(logging.INFO, note) for note in admission.notes]
-        if admission.refusal is not None:
+        if admission.refusal is not None:  # outside the spec's hardware targets (coordinator.targets)
             why = f"refused work: {admission.refusal}"
-            return [*out, Notice(logging.WARNING, f"daemon {daemon_id} {why}"), Send(daemon_id, Shutdown(reason=why))]
+            said = [] if admission.repeated else [Notice(logging.WARNING, f"daemon {daemon_id} {why}")]
+            return [*out, *said, Send(daemon_id, Shutdown(reason=why))]
         held = {(r.trial_id, r.epoch) for r in msg.held}
         renewed: list[LeaseRef] = []
         revoked: list[LeaseRef] = []

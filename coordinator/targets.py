@@ -69,6 +69,8 @@ class Admission:
 
     refusal: str | None = None
     notes: tuple[str, ...] = ()
+    #: This session (``who``) was refused before (a re-sent HELLO): say it once.
+    repeated: bool = False
 
 
 @dataclass
@@ -77,11 +79,13 @@ class TargetBook:
 
     hardware: HardwareSpec | None
     bound: dict[str, str] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # the ``who`` of each session refused
 
     def admit(self, fp: Fingerprint, queue: MutableSequence[BatchWork] | None = None,
-              leases: LeaseTable | None = None) -> Admission:
+              leases: LeaseTable | None = None, who: str = "") -> Admission:
         """Whether the daemon of ``fp`` may be given work; binds every unbound filter it matches to
-        its class and re-pins that filter's ``queue`` and ``leases`` (see the module docstring)."""
+        its class and re-pins that filter's ``queue`` and ``leases`` (see the module docstring).
+        ``who`` names the session (daemon and nonce): its refusal is marked ``repeated`` after the first."""
         if self.hardware is None:
             return Admission()
         cls = fp.hardware_class
@@ -113,8 +117,10 @@ class TargetBook:
             return Admission(notes=tuple(notes))
         wanted = ", ".join(t.hardware_class or f"filter {t.name!r}" for t in self.hardware.targets)
         detail = f" ({'; '.join(why)})" if why else ""
+        repeated = who in self.refused
+        self.refused.add(who)
         return Admission(refusal=f"hardware class {cls} is not a target of this experiment (targets: {wanted}){detail}",
-                         notes=tuple(notes))
+                         notes=tuple(notes), repeated=repeated)
 
     def failover_classes(self) -> set[str]:
         """Every class some target may fail over to (admitted, given only work pinned to it)."""

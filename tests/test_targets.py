@@ -227,6 +227,8 @@ def test_two_target_classes_each_measure_every_config_and_others_are_refused_wor
             assert shut and "refused work" in shut[0].reason and "1xL4-22GB" in shut[0].reason  # type: ignore[attr-defined]
             assert any(isinstance(i, Notice) and "daemon l4 refused work" in i.text for i in out), "a console line"
             assert not sent(out, Welcome) and not c.knows("l4", "n-l4")
+            again = c.handle(d, hello(d, fp))  # a re-sent HELLO: refused again, said once
+            assert sent(again, Shutdown) and not [i for i in again if isinstance(i, Notice)]
         else:
             assert sent(out, Welcome)
     measured = run_to_end(c, fleet)
