@@ -5,6 +5,7 @@ The GPUs in these fingerprints are written by hand: no GPU exists here (FAKE fin
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from coordinator.targets import FAILOVER_BATCH_OFFSET, TargetBook, failover_work
 from servetune.canonical import sha256_json
 from servetune.errors import SpecError
 from servetune.manifest import FAILOVER_TAG_PREFIX, plan_grid
-from servetune.messages import Capabilities, Grant, Hello, Ready, Shutdown, Welcome
+from servetune.messages import Ack, Capabilities, Grant, Hello, NoWork, Ready, Result, Shutdown, Welcome
 from servetune.result import Fingerprint, GPUInfo
 from servetune.spec import load_spec, parse_spec
 from tests.test_control import SETTINGS, Clock, result, sent
@@ -362,3 +363,84 @@ def test_validate_says_how_many_targets_each_plan_covers(capsys: pytest.CaptureF
     assert "x 2 hardware target(s) (1xH100-80GB, filter:a100-80g) = 32 trials" in line
     assert validate.run(argparse.Namespace(config=str(CONFIGS / "quickstart.yaml"))) == 0
     assert "hardware target" not in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- end to end, scripted daemons
+
+E2E_SPEC = """
+name: targets-e2e
+model: {source: tiny}
+backend: {kind: sim}
+engine:
+  grid: {max_num_seqs: [2, 8, 32]}
+load_points:
+  - {name: c2, max_concurrency: 2, num_requests: 4, input_len: 8, output_len: 8}
+hardware:
+  targets:
+    - {hardware_class: 1xH100-80GB}
+    - {name: a100s, gpu_model: "*A100*"}
+"""
+
+
+def test_two_target_classes_end_to_end_through_the_coordinator(tmp_path: Path) -> None:
+    """The real coordinator process (sockets, CURVE, store, dataset) with scripted daemons whose
+    FAKE fingerprints claim an H100, an A100 and an L4 (no GPU exists here; the daemons are test
+    doubles of the wire, tests.test_fleet_faults.Scripted): each target class measures every
+    config, the L4 is refused work with the reason, and the dataset names each trial's target."""
+    import xarray as xr
+
+    from tests.fleet_harness import Fleet
+    from tests.test_fleet_faults import Scripted, _outcome
+
+    fleet = Fleet(tmp_path, url="http://127.0.0.1:9", name="targets-e2e",
+                  timings={"--heartbeat-interval": "0.5", "--lease-ttl": "10", "--lease-grace": "2", "--daemon-wait": "30"})
+    fleet.spec.write_text(E2E_SPEC)
+    fleet.start_coordinator()
+    nodes = {"h100": H100, "a100": A100, "l4": L4}
+    daemons: dict[str, Scripted] = {}
+    try:
+        for name, fp in nodes.items():
+            d = daemons[name] = Scripted(fleet.address, fleet.home, daemon_id=name)
+            d.nonce = f"nonce-{name}"
+            d.send(Hello(daemon_id=name, session_nonce=d.nonce, pid=1, capabilities=Capabilities(fingerprint=fp)))
+            if name == "l4":
+                shut = d.recv((Shutdown,), 30)
+                assert isinstance(shut, Shutdown) and "1xL4-22GB is not a target" in shut.reason
+            else:
+                assert isinstance(d.recv((Welcome,), 30), Welcome)
+        measured: dict[str, list[Any]] = {"h100": [], "a100": []}
+        done: set[str] = set()
+        deadline = time.monotonic() + 90
+        while len(done) < 2 and fleet.poll_coordinator() is None and time.monotonic() < deadline:
+            for name in sorted(set(measured) - done):  # take turns, so each keeps heartbeating
+                d = daemons[name]
+                d.send(Ready(session_nonce=d.nonce))
+                msg = d.recv((Grant, NoWork, Shutdown), 30)
+                if isinstance(msg, Shutdown):
+                    done.add(name)
+                if not isinstance(msg, Grant):
+                    continue
+                for t in msg.trials:
+                    outcome = _outcome().model_copy(update={"fingerprint": nodes[name]})
+                    d.send(Result(session_nonce=d.nonce, batch_id=msg.batch_id, trial_id=t.trial_id, epoch=t.attempt,
+                                  submission_id=f"s-{t.trial_id[:8]}", outcome=outcome))
+                    assert isinstance(d.recv((Ack,), 30), Ack)
+                    measured[name].append(t.manifest)
+        code, _, log = fleet.wait_coordinator(60)
+    finally:
+        for d in daemons.values():
+            d.close()
+        fleet.close()
+    assert code == 0, log[-3000:]
+    assert "daemon l4 refused work: hardware class 1xL4-22GB is not a target" in log
+    assert "filter 'a100s' bound to 1xA100-80GB" in log
+    for name, target in (("h100", "1xH100-80GB"), ("a100", "filter:a100s")):
+        assert {m.hardware_target for m in measured[name]} == {target}
+        assert sorted(m.engine.args.max_num_seqs for m in measured[name]) == [2, 8, 32], "every config on each class"
+    ds = xr.open_dataset(fleet.folder / "results.nc")
+    try:
+        rows = sorted(zip(ds["hardware_target"].values.tolist(), ds["hardware_class"].values.tolist(),
+                          ds["status"].values.tolist()))
+    finally:
+        ds.close()
+    assert rows == [("1xH100-80GB", "1xH100-80GB", "ok")] * 3 + [("filter:a100s", "1xA100-80GB", "ok")] * 3
