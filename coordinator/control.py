@@ -64,6 +64,7 @@ from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from coordinator.retries import RetryEvent, RetryLedger
+from coordinator.targets import TargetBook
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
@@ -248,6 +249,7 @@ class ControlCore:
         self.policy = FleetPolicy(self.settings.groups, shared_endpoint(self.spec.backend), self.clock,
                                   turn_wait_s=2 * self.settings.heartbeat_interval_s)
         self.leases = LeaseTable()
+        self.targets = TargetBook(self.spec.hardware)  # which daemons measure this spec (coordinator.targets)
         self.daemons: dict[str, DaemonSession] = {}
         self.stopping = False
         self.lost: Counter[str] = Counter()  # trial -> attempts lost to transport this sweep
@@ -446,7 +448,7 @@ class ControlCore:
         A waiting READY gets it at the next :meth:`tick`."""
         if self.stopping:
             return False
-        self.queue.append(work)
+        self.queue.append(self.targets.pin(work))
         return True
 
     def stop(self) -> int:
@@ -493,7 +495,12 @@ class ControlCore:
         if old is not None and old.session_nonce == msg.session_nonce:
             old.last_seen = now
             return [Send(daemon_id, self._welcome(msg.session_nonce))]  # a re-sent HELLO
-        out: list[Instruction] = []
+        admission = self.targets.admit(fp, self.queue, self.leases, who=f"{daemon_id}/{msg.session_nonce}")
+        out: list[Instruction] = [Notice(logging.INFO, note) for note in admission.notes]
+        if admission.refusal is not None:  # outside the spec's hardware targets (coordinator.targets)
+            why = f"refused work: {admission.refusal}"
+            said = [] if admission.repeated else [Notice(logging.WARNING, f"daemon {daemon_id} {why}")]
+            return [*out, *said, Send(daemon_id, Shutdown(reason=why))]
         held = {(r.trial_id, r.epoch) for r in msg.held}
         renewed: list[LeaseRef] = []
         revoked: list[LeaseRef] = []

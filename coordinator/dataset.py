@@ -55,6 +55,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         "in_current_spec", "stopped_early", "retry_warning", "client_fell_behind", "request_rate", "max_concurrency",
         "input_len", "output_len", "config_label", "dataset", "dataset_sha256", "endpoint", "arrival", "burstiness",
     )}
+    coords.update(hardware_target=[], tags=[])  # the spec's target, and marks such as failover-from:<class>
     params: dict[str, list[Any]] = {f"param_{a}": [] for a in arg_names}
     params.update({f"param_env.{e}": [] for e in env_names})
     scalars: dict[str, list[float]] = {v: [] for v in SCALAR_VARIABLES}
@@ -97,6 +98,8 @@ def build_dataset(store: Store) -> xr.Dataset:
         coords["arrival"].append(lp.arrival if lp.request_rate is not None else "closed-loop")
         coords["burstiness"].append(lp.burstiness)
         coords["config_label"].append(m.engine.label())
+        coords["hardware_target"].append(m.hardware_target or "")
+        coords["tags"].append(",".join(m.tags))
         for a in arg_names:
             value = getattr(m.engine.args, a)
             params[f"param_{a}"].append(value)

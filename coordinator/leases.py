@@ -24,11 +24,18 @@ class BatchWork:
     """A planned batch reduced to the trials that still need running, in run order.
 
     ``hardware_class``: once a batch has been granted, it is re-granted only to a daemon of the same
-    hardware class (None: any daemon may take it)."""
+    hardware class (None: any daemon may take it). A batch planned for a hardware target (the spec's
+    ``hardware`` section) is pinned from the start to its target's label: a class target's class, or
+    ``filter:<name>``, which no daemon's class equals, until :class:`coordinator.targets.TargetBook`
+    binds the filter to the first class that matches it."""
 
     batch: PlannedBatch
     trials: tuple[TrialManifest, ...]
     hardware_class: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.hardware_class is None and self.batch.hardware_target is not None:
+            object.__setattr__(self, "hardware_class", self.batch.hardware_target)
 
     @property
     def batch_id(self) -> str:

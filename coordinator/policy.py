@@ -85,6 +85,13 @@ class ClassQueues:
     def clear(self) -> None:
         self._queues.clear()
 
+    def repin(self, pin: Callable[[BatchWork], BatchWork]) -> None:
+        """Every batch replaced by ``pin(batch)``, each in its (possibly new) class's queue, in order."""
+        work = list(self)
+        self._queues.clear()
+        for w in work:
+            self.append(pin(w))
+
     def __iter__(self) -> Iterator[BatchWork]:
         for key, q in list(self._queues.items()):
             if key is not None:

@@ -14,9 +14,9 @@ import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from servetune.canonical import drop_added_defaults, sha256_json
 from servetune.spec import (
@@ -41,7 +41,11 @@ MANIFEST_VERSION = 1
 #: without an entry here changes every trial id (``tests/test_compat.py`` resumes folders recorded
 #: by the protocol-1 code and fails if anything would run again). A field of a spec model also
 #: needs its entry in :data:`servetune.spec.ADDED_SPEC_FIELDS`.
-ADDED_MANIFEST_FIELDS: dict[str, object] = {}
+ADDED_MANIFEST_FIELDS: dict[str, object] = {"hardware_target": None, "tags": []}
+
+#: The tag a trial moved to another hardware class carries (``failover-from:<class or daemon>``):
+#: it has its own trial id, and no analysis may take it for the trial it stands in for.
+FAILOVER_TAG_PREFIX = "failover-from:"
 
 
 class EngineConfig(BaseModel):
@@ -113,6 +117,10 @@ class TrialManifest(BaseModel):
     load_point: LoadPoint
     repeat: int = 0
     baseline_run: int | None = None
+    hardware_target: Annotated[str, StringConstraints(min_length=1, max_length=250)] | None = Field(
+        None, description="the spec's hardware target this trial is planned for: a class, or filter:<name> "
+                          "(servetune.hardware); None: no targets named, any class")
+    tags: tuple[Annotated[str, StringConstraints(min_length=1, max_length=300)], ...] = Field((), max_length=16, description="marks such as failover-from:<class or daemon>")
 
     @property
     def trial_id(self) -> str:
@@ -140,6 +148,11 @@ class TrialManifest(BaseModel):
     @property
     def is_baseline(self) -> bool:
         return self.baseline_run is not None
+
+    @property
+    def failover_from(self) -> str | None:
+        """Where this trial was moved from (its ``failover-from:`` tag), or None for an original."""
+        return next((t.removeprefix(FAILOVER_TAG_PREFIX) for t in self.tags if t.startswith(FAILOVER_TAG_PREFIX)), None)
 
 
 def model_identity(spec: ModelSpec) -> dict[str, str]:
@@ -170,6 +183,11 @@ class PlannedBatch:
     @property
     def config_id(self) -> str:
         return self.config.config_id
+
+    @property
+    def hardware_target(self) -> str | None:
+        """The hardware target its trials are planned for (:attr:`TrialManifest.hardware_target`)."""
+        return self.trials[0].hardware_target if self.trials else None
 
 
 @dataclass(frozen=True)
@@ -308,11 +326,22 @@ def sample_large_space(space: EngineSpace, n: int, picker: random.Random) -> lis
     return [config for _, config in sorted(chosen.values(), key=lambda item: item[0])]
 
 
+def for_target(trials: tuple[TrialManifest, ...], target: str | None) -> tuple[TrialManifest, ...]:
+    """``trials`` planned for hardware ``target`` (its manifest label; None: as they are)."""
+    if target is None:
+        return trials
+    return tuple(m.model_copy(update={"hardware_target": target}) for m in trials)
+
+
 def plan_configs(
     spec: ExperimentSpec, configs: Sequence[EngineConfig], *, design: str = "grid", notes: Sequence[str] = ()
 ) -> Plan:
     """Plan ``configs`` (chosen by a design, in the engine space's order) x load point x repeat, as
-    :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan."""
+    :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan.
+
+    With hardware targets (``spec.hardware``), every batch is planned once per target, one after
+    the other in the spec's order (``b0@A, b0@B, b1@A, ...``), with the same load-point order, the
+    target in each manifest: one config is measured on each target, never part of the grid on each."""
     rng = random.Random(spec.planner.seed)
     ident = model_identity(spec.model)
     backend = spec.backend.kind
@@ -360,8 +389,10 @@ def plan_configs(
                 ordered.append(make_batch(bl_config, bl_lps, 0, run))
         run += 1
         ordered.append(make_batch(bl_config, bl_lps, 0, run))
+    targets: list[str | None] = list(spec.hardware.labels()) if spec.hardware is not None else [None]
     batches = tuple(
-        PlannedBatch(index=i, config=b.config, trials=b.trials, is_baseline=b.is_baseline) for i, b in enumerate(ordered)
+        PlannedBatch(index=i, config=b.config, trials=for_target(b.trials, target), is_baseline=b.is_baseline)
+        for i, (b, target) in enumerate((b, t) for b in ordered for t in targets)
     )
     return Plan(
         experiment=spec.name,

@@ -21,7 +21,9 @@ Coordinates on ``trial``
     tokens of the load point's distributions; NaN for file datasets), ``dataset`` (random /
     shared_prefix / sharegpt / jsonl), ``dataset_sha256`` (file datasets), ``endpoint``
     (completions / chat), ``arrival`` (poisson / constant / gamma / closed-loop) and
-    ``burstiness``, and one
+    ``burstiness``, ``hardware_target`` (the spec's hardware target the trial was planned for: a
+    class, or ``filter:<name>``; "" when the spec names none), ``tags`` (comma-separated; a trial moved
+    by failover carries ``failover-from:<class or daemon>``; "" for none), and one
     ``param_<name>`` coordinate per engine arg or ``param_env.<NAME>`` per environment variable
     set in any config (NaN or "" where a config leaves it to vLLM's default).
 Variables on ``trial``

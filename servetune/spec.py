@@ -9,7 +9,8 @@ environment variables), ``load_points``, ``slos``, ``ranking``, ``repeats``, ``b
 ``planner`` (design ``grid``, ``random`` or ``quasi-random``, ``n_configs``, order randomised under
 a ``seed``), ``budgets``, ``backend``, and the optional ``gpu_hour_prices`` (hardware class, as
 ``daemon/fingerprint.py``'s ``hardware_class`` names it, -> US dollars per GPU-hour, each > 0; the
-analysis uses them for per-cost figures and says so when none are given). See
+analysis uses them for per-cost figures and says so when none are given), and the optional ``hardware``
+(the classes measured and declared failover: :mod:`servetune.hardware`). See
 ``configs/quickstart.yaml`` for a commented example, ``configs/random-design.yaml`` for a sampled design.
 """
 
@@ -19,7 +20,6 @@ import itertools
 import json
 import math
 import os
-import re
 import types
 import typing
 from collections.abc import Iterable
@@ -44,6 +44,7 @@ from pydantic import (
 )
 
 from servetune.errors import SpecError, SpecIssue
+from servetune.hardware import HardwareClassName, HardwareSpec
 from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, PROFILE_NAMES, SHAPE_NAMES
 from servetune.yamlsafe import MAX_SPEC_BYTES, YamlRefused, iter_regular_file, load_yaml, read_regular_file
 
@@ -672,16 +673,6 @@ class BackendSpec(StrictModel):
         return self
 
 
-HARDWARE_CLASS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}$")
-
-
-def _hardware_class_name(value: str) -> str:
-    if not HARDWARE_CLASS_PATTERN.match(value):
-        raise ValueError(f"{value!r} is not a hardware class name: write it as the daemon's fingerprint does, "
-                         "e.g. 1xH100-80GB, 2xA100-80GB+1xT4-15GB or cpu-16c-AVX512")
-    return value
-
-
 def _price(value: Any) -> Any:
     """A price is a YAML number: a string or a boolean is refused rather than converted."""
     if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
@@ -689,9 +680,6 @@ def _price(value: Any) -> Any:
     return value
 
 
-#: A hardware class as ``daemon/fingerprint.py`` names it: ``1xH100-80GB``, ``2xA100-80GB+1xT4-15GB``,
-#: ``cpu-16c-AVX512``.
-HardwareClassName = Annotated[str, AfterValidator(_hardware_class_name)]
 #: US dollars per GPU-hour: a finite number above zero.
 GpuHourPrice = Annotated[float, BeforeValidator(_price), Field(gt=0, allow_inf_nan=False)]
 
@@ -715,6 +703,8 @@ class ExperimentSpec(StrictModel):
         default_factory=dict,
         description="hardware class (as the daemon's fingerprint names it) -> US dollars per GPU-hour",
     )
+    hardware: HardwareSpec | None = Field(
+        None, description="the hardware classes measured (targets) and declared failover (servetune.hardware)")
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of the validated spec (defaults filled in).
@@ -731,7 +721,8 @@ class ExperimentSpec(StrictModel):
 #: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None, "backend.profile": None,
-                                         "backend.model_shape": None, "backend.noise": None}
+                                         "backend.model_shape": None, "backend.noise": None,
+                                         "hardware": None}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}

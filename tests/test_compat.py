@@ -13,7 +13,7 @@ from coordinator.planning import plan_experiment
 from coordinator.store import Store
 from coordinator.sweep import select_work
 from servetune.canonical import drop_added_defaults, sha256_json
-from servetune.manifest import TrialManifest
+from servetune.manifest import ADDED_MANIFEST_FIELDS, TrialManifest
 from servetune.spec import load_spec
 from tests.conftest import cli_env, coordinator_cmd
 
@@ -65,7 +65,8 @@ def test_added_manifest_fields_keep_ids_while_they_hold_their_default(tmp_path: 
     data["load_point"]["dataset"].pop("path", None)
     # a field added later, holding its default, is dropped before hashing; any other value counts
     data["load_point"]["new_knob"] = 0
-    assert sha256_json(drop_added_defaults(dict(data), {"load_point.new_knob": 0})) == trial_id
+    added = {**ADDED_MANIFEST_FIELDS, "load_point.new_knob": 0}
+    assert sha256_json(drop_added_defaults(dict(data), added)) == trial_id
     data["load_point"]["new_knob"] = 5
-    assert sha256_json(drop_added_defaults(dict(data), {"load_point.new_knob": 0})) != trial_id
+    assert sha256_json(drop_added_defaults(dict(data), added)) != trial_id
     assert isinstance(manifest, TrialManifest)

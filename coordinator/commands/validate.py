@@ -8,7 +8,7 @@ from typing import Any
 
 from coordinator.planning import plan_experiment
 from servetune.errors import SpecError
-from servetune.spec import load_spec
+from servetune.spec import ExperimentSpec, load_spec
 
 
 def register(sub: Any) -> None:
@@ -32,9 +32,16 @@ def run(args: argparse.Namespace) -> int:
                    f"{spec.engine.count()} engine configs; ")
     print(
         f"ok: {spec.name}: {n_configs} engine config(s) x {len(spec.load_points)} load point(s) x "
-        f"{spec.repeats} repeat(s) = {len(plan.trials())} trials in {len(plan.batches)} server starts "
+        f"{spec.repeats} repeat(s){hardware_text(spec)} = {len(plan.trials())} trials in {len(plan.batches)} server starts "
         f"({sampled}estimated {plan.estimate_seconds() / 60:.1f} min)"
     )
     for note in plan.notes:
         print(f"note: {note}")
     return 0
+
+
+def hardware_text(spec: ExperimentSpec) -> str:
+    """`` x N hardware target(s) (labels)`` when the spec names targets (each planned in full)."""
+    if spec.hardware is None:
+        return ""
+    return f" x {len(spec.hardware.targets)} hardware target(s) ({', '.join(spec.hardware.labels())})"
