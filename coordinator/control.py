@@ -64,7 +64,7 @@ from coordinator.fleet import FleetSettings
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from coordinator.retries import RetryEvent, RetryLedger
-from coordinator.targets import TargetBook
+from coordinator.targets import Failover, TargetBook, failover_work
 from servetune.artifact_messages import ArtifactChunk, ArtifactOffer
 from servetune.errors import SpecError, SpecIssue
 from servetune.keys import key_id
@@ -186,9 +186,18 @@ class ReceiveArtifact:
     msg: ArtifactOffer | ArtifactChunk
 
 
+@dataclass(frozen=True)
+class FailedOver:
+    """A drained batch moved to an interchangeable class (the spec's ``hardware.failover_to``):
+    record the moved trials in the store, queue them with :meth:`ControlCore.add`, and record each
+    original as a hole with its reason (which names the trial standing in for it)."""
+
+    failover: Failover
+
+
 Instruction = (
     Send | BeginAttempts | Accept | CloseAttempts | Transition | Notice | DaemonJoined | DaemonLeft | NoDaemon
-    | Refused | ReceiveArtifact | BreakerChanged | Drained | RetryEvent
+    | Refused | ReceiveArtifact | BreakerChanged | Drained | RetryEvent | FailedOver
 )
 
 
@@ -421,17 +430,32 @@ class ControlCore:
         for d in self.daemons.values():
             in_service[d.hardware_class] = in_service.get(d.hardware_class, False) or self.breaker.closed(d.daemon_id)
         probing = {lease.work.hardware_class or "" for lease in self.leases if self.breaker.probing(lease.daemon_id)}
+        if self.daemons or self.service.known:
+            # a target class no daemon of which ever joined is out of service too (once any daemon
+            # has joined: before that, the sweep's no-daemon wait applies)
+            for w in self.queue:
+                if w.hardware_class is not None:
+                    in_service.setdefault(w.hardware_class, False)
         self.service.update(now, in_service, probing)
         drained = self.service.drained
         if not drained or not self.queue:
             return []
         everything = drained >= self.service.known
         gone: dict[str | None, list[str]] = {}
+        up = {c for c, ok in in_service.items() if ok}
+        out: list[Instruction] = []
         for cls in [*sorted(drained), *([None] if everything else [])]:
-            trials = [m.trial_id for w in self.queue.drain(cls) for m in w.trials]
+            trials: list[str] = []
+            for w in self.queue.drain(cls):
+                # where the spec declares hardware interchangeable, the batch moves (new trial ids,
+                # tagged failover-from:CLASS) and its originals stay holes that say where they went
+                fo = failover_work(self.targets.hardware, w, up, source=cls) if cls is not None else None
+                if fo is not None:
+                    out.append(FailedOver(fo))
+                else:
+                    trials += [m.trial_id for m in w.trials]
             if trials:
                 gone[cls] = trials
-        out: list[Instruction] = []
         for cls, trials in gone.items():
             since = self.service.out_since[cls] if cls is not None else self.service.all_out_since()
             name = cls if cls is not None else ", ".join(sorted(self.service.known))
@@ -527,6 +551,8 @@ class ControlCore:
         joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,
                                   caps.group_max_concurrency)
         out += [Notice(logging.INFO, note) for note in joined.notes]
+        if caps.out_of_service:  # its preflight failed (daemon.preflight): it asks for no work until it passes
+            out.append(Notice(logging.WARNING, f"daemon {daemon_id} is out of service: {caps.out_of_service}"))
         out.append(Send(daemon_id, self._welcome(msg.session_nonce)))
         if renewed:
             out.append(Send(daemon_id, Renewed(seq=msg.seq, leases=renewed, ttl_s=self.settings.lease_ttl_s)))

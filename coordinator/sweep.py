@@ -40,6 +40,7 @@ from coordinator.control import (
     ControlCore,
     DaemonJoined,
     DaemonLeft,
+    FailedOver,
     Instruction,
     NoDaemon,
     Notice,
@@ -625,6 +626,8 @@ class SweepRunner:
                 write_clock_file(self.store.folder, self.clocks.offsets(), self.fleet.clock_probe_every_s)
             except OSError as exc:
                 log.warning("cannot write %s: %s", self.store.folder / "clock.json", exc)
+            if self.schedule is not None:  # schedule.json carries them too
+                self.schedule.clock_offsets(self.clocks.offsets())
 
     def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message, str]) -> bool:
         """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).
@@ -770,6 +773,8 @@ class SweepRunner:
                 endpoint.gate.refuse("identity", f"{ins.reason} (key {key_id(ins.key)})", once_per=ins.key)
             elif isinstance(ins, (BreakerChanged, Drained, RetryEvent)):
                 self._schedule_change(ins)
+            elif isinstance(ins, FailedOver):
+                self._failed_over(ins)
             elif isinstance(ins, NoDaemon):
                 self.no_daemon = True
                 self.console.print(f"[red]no daemon connected for {ins.waited_s:.0f} s: ending the sweep")
@@ -798,6 +803,30 @@ class SweepRunner:
             self._dataset_dirty = True
         log.warning("%s", line)
         self.console.print(line, markup=False, highlight=False)  # its own plain line: DOWN / UP / PROBE / DRAINED
+
+    def _failed_over(self, ins: FailedOver) -> None:
+        """A drained batch moved to an interchangeable class: its trials (new ids, tagged
+        ``failover-from:``) are recorded and queued; each original stays a hole naming its stand-in,
+        and each move is a ``failover`` line of retries.jsonl."""
+        store, core, progress = self.store, self.core, self.progress
+        assert store is not None and core is not None and progress is not None
+        fo = ins.failover
+        store.add_trials(self.spec_hash, list(fo.moved.trials), fo.moved.batch.index)
+        self.drained.update(fo.holes)
+        self._note_labels([fo.moved])
+        if core.add(fo.moved):
+            progress.add_total(len(fo.moved.trials))
+        events = [RetryEvent("failover", old, 0, "", why, self.fleet.max_transport_retries)
+                  for old, why in fo.holes.items()]
+        if self.retry_log is not None:
+            self.retry_log.append(events)
+        if self.schedule is not None:
+            self.schedule.retried(events, core.breaker)
+        self._dataset_dirty = True
+        line = (f"FAILOVER {len(fo.holes)} trial(s) from {fo.source} to {fo.to_class} "
+                f"(new trial ids, tagged failover-from:{fo.source}); the originals stay holes")
+        log.warning("%s", line)
+        self.console.print(line, markup=False, highlight=False)
 
     def _accept(self, endpoint: RouterEndpoint, ins: Accept) -> None:
         store, progress, core = self.store, self.progress, self.core

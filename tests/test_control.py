@@ -416,3 +416,14 @@ def test_grant_budget_keeps_readies_waiting_in_order_until_a_pass_with_budget() 
     # the oldest waiting READY gets the last batch; then the queue is empty and d3's wait is long over
     assert [(d, type(m), getattr(m, "seq", None)) for d, m in out] == [("d2", Grant, 2), ("d3", NoWork, None)]
     assert c.grant_budget == 0 and not c.waiting
+
+
+def test_a_daemon_out_of_service_at_join_is_said_so_on_the_console() -> None:
+    """Its preflight failed (daemon.preflight): the coordinator says why, rather than a silent wait."""
+    c = core(Clock())
+    msg = hello("d1", "n1")
+    msg = msg.model_copy(update={"capabilities": msg.capabilities.model_copy(
+        update={"out_of_service": "GPU 0 runs another process (pid 4242)"})})
+    notes = [i.text for i in c.handle("d1", msg) if isinstance(i, Notice)]
+    assert any("daemon d1 is out of service: GPU 0 runs another process (pid 4242)" in n for n in notes), notes
+    assert not any("out of service" in i.text for i in c.handle("d2", hello("d2", "n2")) if isinstance(i, Notice))

@@ -323,6 +323,38 @@ def test_failover_work_is_granted_only_to_the_failover_class() -> None:
 
 
 
+def test_a_target_class_that_never_joins_fails_over_where_declared_and_drains_where_not() -> None:
+    """The drain (coordinator.breaker) meets failover: with only an H200 daemon in service, the
+    H100 target's batches move to the H200 (new ids, tagged) after two cool-downs, and the A100
+    filter's (no failover declared) become holes; the moved work is measured on the H200 only."""
+    from coordinator.breaker import Drained
+    from coordinator.control import FailedOver
+
+    spec = parse_spec(TWO)
+    plan = plan_grid(spec)
+    clock = Clock()
+    c = ControlCore(spec=spec, work=[BatchWork(b, b.trials) for b in plan.batches],
+                    settings=SETTINGS.model_copy(update={"recovery_after_s": 1.0}), clock=clock)
+    c.handle("x1", hello("x1", H200))
+    c.tick()
+    clock.t += 1.9
+    assert not [e for e in c.tick() if isinstance(e, (FailedOver, Drained))], "not before two cool-downs"
+    clock.t += 0.2
+    out = c.tick()
+    moved = [e.failover for e in out if isinstance(e, FailedOver)]
+    drained = [e for e in out if isinstance(e, Drained)]
+    h100 = [m for b in plan.batches if b.hardware_target == "1xH100-80GB" for m in b.trials]
+    a100 = {m.trial_id for b in plan.batches if b.hardware_target == "filter:a100s" for m in b.trials}
+    assert sorted(t for fo in moved for t in fo.holes) == sorted(m.trial_id for m in h100)
+    assert all(fo.to_class == "1xH200-141GB" and fo.source == "1xH100-80GB" for fo in moved)
+    assert [d.hardware_class for d in drained] == ["filter:a100s"] and set(drained[0].trial_ids) == a100
+    for fo in moved:  # what the sweep does with the instruction (after recording the trials)
+        assert c.add(fo.moved)
+    measured = run_to_end(c, {"x1": H200})
+    assert len(measured["x1"]) == len(h100)
+    assert all(m.tags == ("failover-from:1xH100-80GB",) for m in measured["x1"])
+
+
 # --------------------------------------------------------------------------- store and dataset
 
 
