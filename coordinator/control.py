@@ -188,9 +188,9 @@ class ReceiveArtifact:
 
 @dataclass(frozen=True)
 class FailedOver:
-    """A drained batch moved to an interchangeable class (the spec's ``hardware.failover_to``):
-    record the moved trials in the store, queue them with :meth:`ControlCore.add`, and record each
-    original as a hole with its reason (which names the trial standing in for it)."""
+    """A drained batch moved to an interchangeable class (the spec's ``hardware.failover_to``) and
+    queued: record the moved trials in the store (before any instruction after this one, which may
+    grant them), and each original as a hole with its reason (which names the trial standing in)."""
 
     failover: Failover
 
@@ -450,7 +450,8 @@ class ControlCore:
                 # where the spec declares hardware interchangeable, the batch moves (new trial ids,
                 # tagged failover-from:CLASS) and its originals stay holes that say where they went
                 fo = failover_work(self.targets.hardware, w, up, source=cls) if cls is not None else None
-                if fo is not None:
+                if fo is not None:  # queued at once (this tick may grant it): the sweep records its trials first
+                    self.queue.append(fo.moved)
                     out.append(FailedOver(fo))
                 else:
                     trials += [m.trial_id for m in w.trials]

@@ -814,8 +814,7 @@ class SweepRunner:
         store.add_trials(self.spec_hash, list(fo.moved.trials), fo.moved.batch.index)
         self.drained.update(fo.holes)
         self._note_labels([fo.moved])
-        if core.add(fo.moved):
-            progress.add_total(len(fo.moved.trials))
+        progress.add_total(len(fo.moved.trials))
         events = [RetryEvent("failover", old, 0, "", why, self.fleet.max_transport_retries)
                   for old, why in fo.holes.items()]
         if self.retry_log is not None:

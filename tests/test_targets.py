@@ -19,7 +19,7 @@ from coordinator.targets import FAILOVER_BATCH_OFFSET, TargetBook, failover_work
 from servetune.canonical import sha256_json
 from servetune.errors import SpecError
 from servetune.manifest import FAILOVER_TAG_PREFIX, plan_grid
-from servetune.messages import Ack, Capabilities, Grant, Hello, NoWork, Ready, Result, Shutdown, Welcome
+from servetune.messages import Ack, Capabilities, Grant, Heartbeat, Hello, NoWork, Ready, Result, Shutdown, Welcome
 from servetune.result import Fingerprint, GPUInfo
 from servetune.spec import load_spec, parse_spec
 from tests.test_control import SETTINGS, Clock, result, sent
@@ -348,8 +348,7 @@ def test_a_target_class_that_never_joins_fails_over_where_declared_and_drains_wh
     assert sorted(t for fo in moved for t in fo.holes) == sorted(m.trial_id for m in h100)
     assert all(fo.to_class == "1xH200-141GB" and fo.source == "1xH100-80GB" for fo in moved)
     assert [d.hardware_class for d in drained] == ["filter:a100s"] and set(drained[0].trial_ids) == a100
-    for fo in moved:  # what the sweep does with the instruction (after recording the trials)
-        assert c.add(fo.moved)
+    assert not c.finished, "the moved work is queued"
     measured = run_to_end(c, {"x1": H200})
     assert len(measured["x1"]) == len(h100)
     assert all(m.tags == ("failover-from:1xH100-80GB",) for m in measured["x1"])
@@ -476,3 +475,80 @@ def test_two_target_classes_end_to_end_through_the_coordinator(tmp_path: Path) -
     finally:
         ds.close()
     assert rows == [("1xH100-80GB", "1xH100-80GB", "ok")] * 3 + [("filter:a100s", "1xA100-80GB", "ok")] * 3
+
+
+FAILOVER_SPEC = """
+name: failover-e2e
+model: {source: tiny}
+backend: {kind: sim}
+engine:
+  grid: {max_num_seqs: [2, 8]}
+load_points:
+  - {name: c2, max_concurrency: 2, num_requests: 4, input_len: 8, output_len: 8}
+hardware:
+  targets:
+    - {hardware_class: 1xH100-80GB}
+    - {hardware_class: 1xH200-141GB}
+  failover_to: {1xH100-80GB: [1xH200-141GB]}
+"""
+
+
+def test_a_declared_failover_end_to_end_is_tagged_and_leaves_the_originals_as_holes(tmp_path: Path) -> None:
+    """The real coordinator with one scripted daemon, a FAKE H200 fingerprint (no GPU here): the
+    H100 target never gets a daemon, so after two cool-downs its trials fail over to the H200 as
+    new trials tagged ``failover-from:1xH100-80GB``; the originals stay holes that name them
+    (exit 3), results.nc carries the tag, and retries.jsonl a ``failover`` line for each."""
+    import json
+
+    import xarray as xr
+
+    from tests.fleet_harness import Fleet
+    from tests.test_fleet_faults import Scripted, _outcome
+
+    fleet = Fleet(tmp_path, url="http://127.0.0.1:9", name="failover-e2e",
+                  timings={"--heartbeat-interval": "0.5", "--lease-ttl": "10", "--lease-grace": "2", "--daemon-wait": "60"})
+    fleet.spec.write_text(FAILOVER_SPEC)
+    settings = tmp_path / "settings-fleet.yaml"
+    settings.write_text("recovery_after_s: 1.0\n")
+    fleet.start_coordinator("--fleet", str(settings))
+    d = Scripted(fleet.address, fleet.home, daemon_id="h200")
+    measured: list[Any] = []
+    try:
+        d.nonce = "nonce-h200"
+        d.send(Hello(daemon_id="h200", session_nonce=d.nonce, pid=1, capabilities=Capabilities(fingerprint=H200)))
+        assert isinstance(d.recv((Welcome,), 30), Welcome)
+        deadline = time.monotonic() + 90
+        while fleet.poll_coordinator() is None and time.monotonic() < deadline:
+            d.send(Ready(session_nonce=d.nonce))
+            msg = d.recv((Grant, NoWork, Shutdown), 30)
+            if isinstance(msg, Shutdown):
+                break
+            if not isinstance(msg, Grant):
+                d.seq += 1
+                d.send(Heartbeat(session_nonce=d.nonce, seq=d.seq, leases=[]))
+                time.sleep(0.2)
+                continue
+            for t in msg.trials:
+                outcome = _outcome().model_copy(update={"fingerprint": H200})
+                d.send(Result(session_nonce=d.nonce, batch_id=msg.batch_id, trial_id=t.trial_id, epoch=t.attempt,
+                              submission_id=f"s-{t.trial_id[:8]}", outcome=outcome))
+                assert isinstance(d.recv((Ack,), 30), Ack)
+                measured.append(t.manifest)
+        code, _, log = fleet.wait_coordinator(60)
+    finally:
+        d.close()
+        fleet.close()
+    assert code == 3, log[-3000:]
+    assert log.count("FAILOVER 1 trial(s) from 1xH100-80GB to 1xH200-141GB") >= 2, log[-3000:]  # one per batch
+    moved = [m for m in measured if m.failover_from is not None]
+    assert len(moved) == 2 and all(m.tags == ("failover-from:1xH100-80GB",) for m in moved)
+    assert len([m for m in measured if m.failover_from is None]) == 2, "the H200 target's own trials"
+    lines = [json.loads(x) for x in (fleet.folder / "retries.jsonl").read_text().splitlines()]
+    assert sorted(x["event"] for x in lines) == ["failover", "failover"]
+    assert all("failed over to class 1xH200-141GB" in x["reason"] for x in lines)
+    ds = xr.open_dataset(fleet.folder / "results.nc")
+    try:
+        tags = [str(t) for t in ds["tags"].values.tolist()]
+    finally:
+        ds.close()
+    assert sum("failover-from:1xH100-80GB" in t for t in tags) == 2
