@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import xarray as xr
 
 import analysis
 from analysis.load import MissingExperimentError
@@ -102,5 +101,4 @@ def test_analyze_reads_a_dataset_only_experiment_by_name(root: Path) -> None:
                                           "--n-boot", "0"), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
-    assert doc, "an empty analysis"
-    assert isinstance(analysis.load("synthetic-b", root), xr.Dataset)
+    assert doc and "synthetic-b" in proc.stdout, "the analysis does not name the experiment it read"
