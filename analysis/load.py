@@ -15,23 +15,37 @@ from servetune.paths import resolve_experiment_dir
 from servetune.schema import DATASET_FILE, SCHEMA_VERSION
 
 
+class MissingExperimentError(ExperimentNotFoundError):
+    """An experiment that is not there (yet), or not readable by this servetune: the user's input,
+    not a bug, so IPython and Jupyter show only its message (``_render_traceback_``), no traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str] | None = None) -> xr.Dataset:
     """The dataset of ``experiment`` (its name, folder, spec file, or a ``results.nc`` path), fully read into memory.
+
+    Every experiment the dashboard lists loads: a folder with a sweep's store (``experiment.sqlite``)
+    or with only a ``results.nc`` (copied out of its experiment, or synthetic).
 
     One row per trial on the ``trial`` dimension (its latest finished attempt or its hole);
     latencies over ``quantile``. String variables are object arrays of ``str``, as the coordinator
     built them, whichever layout the file has (:mod:`servetune.netcdf`: fixed-width char arrays,
     or the variable-length strings of older files, which xarray reads as fixed-width unicode).
-    Raises :class:`ExperimentNotFoundError` when there is none.
+    Raises :class:`MissingExperimentError` (an :class:`ExperimentNotFoundError`) when there is none.
     """
     direct = Path(experiment)
     if direct.suffix == ".nc" and direct.is_file():
         path = direct  # a results.nc copied out of its experiment folder
     else:
-        folder = resolve_experiment_dir(experiment, results_root)
+        try:
+            folder = resolve_experiment_dir(experiment, results_root, dataset_only=True)
+        except ExperimentNotFoundError as exc:
+            raise MissingExperimentError(str(exc)) from None
         path = folder / DATASET_FILE
     if not path.exists():
-        raise ExperimentNotFoundError(f"experiment {path.parent} has no {DATASET_FILE} yet")
+        raise MissingExperimentError(f"experiment {path.parent} has no {DATASET_FILE} yet")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         loaded = ds.load()
     unicode = {name: var.astype(object) for name, var in loaded.variables.items() if var.dtype.kind == "U"}
@@ -40,7 +54,7 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
         loaded = loaded.assign({k: v for k, v in unicode.items() if k not in loaded.coords})
     version = int(loaded.attrs.get("schema_version", 0))
     if version != SCHEMA_VERSION:
-        raise ExperimentNotFoundError(f"{path} has schema version {version}; this servetune reads {SCHEMA_VERSION}")
+        raise MissingExperimentError(f"{path} has schema version {version}; this servetune reads {SCHEMA_VERSION}")
     return loaded
 
 

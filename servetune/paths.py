@@ -22,14 +22,23 @@ def experiment_dir(name: str, root: str | os.PathLike[str] | None = None) -> Pat
     return results_root(root) / name
 
 
-def resolve_experiment_dir(experiment: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> Path:
+def resolve_experiment_dir(experiment: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
+                           dataset_only: bool = False) -> Path:
     """Accept an experiment's name, its folder, or its spec file (YAML with a ``name``).
 
+    An experiment folder holds ``experiment.sqlite`` (a sweep's store); with ``dataset_only`` (the
+    readers: ``analysis.load``, ``report``, the notebooks) a folder holding only a ``results.nc`` (a
+    dataset copied out of its experiment, or a synthetic one) counts too, as the dashboard lists it.
     Raises :class:`ExperimentNotFoundError` naming what was tried.
     """
+    marks = ("experiment.sqlite", "results.nc") if dataset_only else ("experiment.sqlite",)
+
+    def is_experiment(folder: Path) -> bool:
+        return any((folder / m).exists() for m in marks)
+
     text = str(experiment)
     candidate = Path(text)
-    if candidate.is_dir() and (candidate / "experiment.sqlite").exists():
+    if candidate.is_dir() and is_experiment(candidate):
         return candidate
     if candidate.is_file() and candidate.suffix in {".yaml", ".yml"}:
         import yaml
@@ -43,8 +52,7 @@ def resolve_experiment_dir(experiment: str | os.PathLike[str], root: str | os.Pa
             raise ExperimentNotFoundError(f"spec {candidate} has no 'name'")
         text = name
     folder = experiment_dir(text, root)
-    if (folder / "experiment.sqlite").exists():
+    if is_experiment(folder):
         return folder
-    raise ExperimentNotFoundError(
-        f"no experiment {text!r} under results root {results_root(root)} (looked for {folder}/experiment.sqlite)"
-    )
+    looked = " or ".join(f"{folder}/{m}" for m in marks)
+    raise ExperimentNotFoundError(f"no experiment {text!r} under results root {results_root(root)} (looked for {looked})")

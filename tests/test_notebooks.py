@@ -14,9 +14,17 @@ is far too small for parameter analysis. What the notebooks print is checked aga
 called directly and against the planted truth; one test points the quickstart at an experiment in
 which every trial failed and checks that the notebook fails at its "front is not empty" assert.
 
-Runtime: the 8 notebook runs take 2.5-4.5 minutes on a busy 2-core machine (20-35 s each, of which
+Offline (issue 14): every clean run is exported to HTML with nbconvert; the export must embed BokehJS
+and fetch none of BokehJS, Panel or HoloViews from a CDN (the notebooks call
+``hv.extension("bokeh", inline=True)``). A browser test opens each export in Debian's chromium with
+every request that is not a file or localhost aborted and checks that every plot cell drew
+data-coloured pixels, reusing the exports of the runs above (or running the notebook on planted data
+when run alone). Notebook 03 must run with its defaults and, without experiment B, stop with the
+command to run first and no traceback.
+
+Runtime: the 10 notebook runs take 3-5.5 minutes on a busy 2-core machine (20-35 s each, of which
 about 10 s is the kernel start and the HoloViews/Panel imports; 10-20 s each on an idle one), plus the
-shared sweep when no other test has run it yet.
+shared sweep when no other test has run it yet, plus the browser checks (about 30-60 s per notebook).
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ import math
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bokeh
 import nbformat
 import numpy as np
 import pytest
@@ -60,12 +70,13 @@ ENV_READ = re.compile(r"""os\.environ\.get\(\s*["'](SERVETUNE_[A-Z_]+)["']""")
 
 @dataclass
 class Executed:
-    """An executed notebook: the notebook with its outputs, the error text if a cell raised, and the
-    JSON summary its last cell printed (None when it never got there)."""
+    """An executed notebook: the notebook with its outputs, the error text if a cell raised, the
+    JSON summary its last cell printed (None when it never got there), and its HTML export."""
 
     nb: Any
     error: str | None
     summary: dict[str, Any] | None
+    html: str = ""
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +127,44 @@ def run_notebook(ksm: KernelSpecManager, name: str, artifact: str, **inputs: str
         out = ARTIFACTS / "notebooks"
         out.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out / f"{artifact}.ipynb")
-    return Executed(nb, error, _summary(nb))
+    html = export_html(nb, out / f"{artifact}.html")
+    if error is None:
+        EXPORTS[name] = out / f"{artifact}.html"
+    return Executed(nb, error, _summary(nb), html)
+
+
+def export_html(nb: Any, path: Path) -> str:
+    """``jupyter nbconvert --to html`` of the executed notebook (nbconvert's HTMLExporter), saved at ``path``."""
+    from nbconvert import HTMLExporter
+
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    path.write_text(html, encoding="utf-8")
+    return str(html)
+
+
+#: a <script> that fetches JavaScript from a network address (a CDN), as opposed to one written inline
+NETWORK_SCRIPT = re.compile(r"""<script\b[^>]*\bsrc\s*=\s*["']?((?:https?:)?//[^"' >]+)""", re.IGNORECASE)
+#: what the embedded BokehJS defines (bokeh.min.js), found only when its source is in the page
+BOKEHJS_SOURCE = re.compile(r'version\s*=\s*"' + re.escape(bokeh.__version__) + '"')
+
+
+def bokeh_network_scripts(html: str) -> list[str]:
+    """The script URLs in an exported page that load BokehJS, Panel or HoloViews code from the network.
+
+    Includes the URLs the notebook's autoload script would fetch (its ``js_urls``). nbconvert's own
+    template references require.js and MathJax on cdnjs; neither draws a plot (the offline browser
+    check below shows the plots drawn without them), so they are not counted."""
+    urls = NETWORK_SCRIPT.findall(html)
+    urls += re.findall(r"""https?://[^"'\s\\]*(?:bokeh|panel|holoviews|pyviz)[^"'\s\\]*\.js""", html, re.IGNORECASE)
+    return sorted({u for u in urls if re.search(r"bokeh|panel|holoviews|pyviz|holoviz", u, re.IGNORECASE)})
+
+
+def assert_offline_plots(run: Executed) -> None:
+    """The export embeds BokehJS and fetches none of it (nor Panel's or HoloViews' code) from a CDN."""
+    assert run.html, "the notebook was not exported"
+    outside = bokeh_network_scripts(run.html)
+    assert outside == [], f"the exported notebook loads plotting code from the network: {outside}"
+    assert BOKEHJS_SOURCE.search(run.html), "BokehJS is not embedded in the exported notebook"
 
 
 def _summary(nb: Any) -> dict[str, Any] | None:
@@ -132,6 +180,7 @@ def _summary(nb: Any) -> dict[str, Any] | None:
 def ran_clean(run: Executed) -> dict[str, Any]:
     assert run.error is None, f"the notebook failed:\n{run.error[-4000:] if run.error else ''}"
     assert run.summary is not None, "the notebook ran but printed no summary"
+    assert_offline_plots(run)
     return run.summary
 
 
@@ -324,3 +373,125 @@ def test_compare_chosen_configs_finds_the_planted_difference(
     assert summary["verdict"] == "b better"
     assert summary["ratio"][0] == pytest.approx(planted_ratio, rel=0.15)
     assert "b is better by more than the 10% that matters" in summary["sentence"]
+
+
+def test_compare_with_its_defaults_says_what_to_run_first(kernel_specs: KernelSpecManager, tmp_path: Path) -> None:
+    """Only ``quickstart`` exists: 03's default B (``random-design``) is missing, and the notebook must
+    stop with a message saying exactly which sweep to run, shown without a traceback."""
+    root = tmp_path / "runs"
+    ds, _ = planted(n_configs=10, n_params=3, repeats=2, fail_rate_region=0.0, fail_rate_base=0.0, seed=23)
+    write_experiment(ds, root / "quickstart" / "results.nc", "quickstart")
+    run = run_notebook(kernel_specs, COMPARE, "03-compare-defaults-without-b-MUST-FAIL", SERVETUNE_RESULTS_ROOT=str(root))
+    assert run.error is not None and run.summary is None, "03 ran to the end without its experiment B"
+    errors = [o for c in run.nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert len(errors) == 1, errors
+    err = errors[0]
+    assert err["ename"] == "MissingExperimentError", err
+    assert err["traceback"] == [f"MissingExperimentError: {err['evalue']}"], "a message, not a traceback"
+    assert f"run `python -m coordinator sweep configs/random-design.yaml --results-root {root.resolve()}`" \
+        in err["evalue"], err["evalue"]
+    assert "SERVETUNE_EXPERIMENT_B='random-design'" in err["evalue"] and (REPO / "configs" / "random-design.yaml").is_file()
+
+
+def test_compare_runs_with_its_defaults(kernel_specs: KernelSpecManager, tmp_path: Path) -> None:
+    """``quickstart`` and ``random-design`` under the results root, as folders holding only a
+    ``results.nc`` (what the dashboard lists): 03 runs with no input but the results root."""
+    root = tmp_path / "runs"
+    for seed, name in ((24, "quickstart"), (25, "random-design")):
+        ds, _ = planted(n_configs=12, n_params=3, repeats=3, fail_rate_region=0.0, fail_rate_base=0.0, seed=seed)
+        write_experiment(ds, root / name / "results.nc", name)
+    summary = ran_clean(run_notebook(kernel_specs, COMPARE, "03-compare-defaults", SERVETUNE_RESULTS_ROOT=str(root)))
+    assert summary["experiments"] == ["quickstart", "random-design"]
+    assert summary["claim"] == "association"
+
+
+# --------------------------------------------------------------------------- offline, in a browser
+
+#: HTML exports of the notebooks run above (by notebook), reused by the browser check below
+EXPORTS: dict[str, Path] = {}
+#: a pixel of data colour: crimson fronts, steelblue/orange bars, Category10 boxes (axes, grid, text
+#: and the gray "all configs" points are colourless)
+MIN_CHROMA = 80
+MIN_DATA_PIXELS = 30
+
+
+def _data_pixels(png: bytes) -> int:
+    import io
+
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
+    return int(((rgb.max(axis=2) - rgb.min(axis=2)) > MIN_CHROMA).sum())
+
+
+def _plot_cells(nb: Any) -> int:
+    """Code cells whose result is a HoloViews plot (``hv.extension``'s own output is display data)."""
+    return sum(any(o.get("output_type") == "execute_result" and "application/vnd.holoviews_exec.v0+json" in o["data"]
+                   for o in c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+
+
+def _export_for(ksm: KernelSpecManager, name: str, tmp: Path) -> tuple[Path, int]:
+    """The HTML export of ``name`` executed on SYNTHETIC planted data (the one a test above made when it ran)."""
+    if name not in EXPORTS:
+        if name == COMPARE:
+            for seed, exp in ((21, "exp-a"), (22, "exp-b")):
+                ds, _ = planted(n_configs=20, n_params=3, repeats=3, fail_rate_region=0.0, fail_rate_base=0.0, seed=seed)
+                write_experiment(ds, tmp / exp / "results.nc", exp)
+            inputs = {"SERVETUNE_EXPERIMENT": "exp-a", "SERVETUNE_EXPERIMENT_B": "exp-b"}
+        else:
+            ds, _ = planted(n_configs=150 if name == PARAMETERS else 40, n_params=6 if name == PARAMETERS else 4,
+                            repeats=2, load_points=("c8", "c32"), seed=7)
+            write_experiment(ds, tmp / "planted" / "results.nc", "planted")
+            inputs = {"SERVETUNE_EXPERIMENT": "planted", "SERVETUNE_N_BOOT": "20"}
+        ran_clean(run_notebook(ksm, name, f"browser-{name.removesuffix('.ipynb')}", SERVETUNE_RESULTS_ROOT=str(tmp),
+                               **inputs))
+    path = EXPORTS[name]
+    return path, _plot_cells(nbformat.read(path.with_suffix(".ipynb"), as_version=4))
+
+
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
+def test_exported_notebook_draws_its_plots_with_the_network_blocked(
+        kernel_specs: KernelSpecManager, tmp_path: Path, name: str) -> None:
+    """The notebook's HTML export, opened as a file in Debian's chromium with every request that is
+    not a file or localhost aborted: each plot cell draws a canvas with data-coloured pixels (not
+    axes alone). Browser test, about 30-60 s per notebook on 2 cores (plus its run when no test above
+    ran it); screenshots go to test-artifacts/notebooks/."""
+    from playwright.sync_api import Route, sync_playwright
+
+    path, n_plots = _export_for(kernel_specs, name, tmp_path)
+    assert n_plots > 0, f"{name} shows no plot"
+    blocked: list[str] = []
+    page_errors: list[str] = []
+
+    def route(r: Route) -> None:
+        url = r.request.url
+        if url.startswith("file:") or re.match(r"https?://(localhost|127\.0\.0\.1)[:/]", url):
+            r.continue_()
+        else:
+            blocked.append(url)
+            r.abort()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"], timeout=60_000)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.route("**/*", route)
+            page = context.new_page()
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(path.resolve().as_uri(), wait_until="load", timeout=120_000)
+            cells = page.locator(".jp-OutputArea").filter(has=page.locator("canvas"))
+            deadline = time.monotonic() + 60  # canvases live in Bokeh's shadow DOM: locators see them
+            while cells.count() < n_plots and time.monotonic() < deadline:
+                page.wait_for_timeout(500)
+            page.wait_for_timeout(3000)  # BokehJS draws after the document loads
+            page.screenshot(path=str(path.with_suffix(".png")), full_page=True, timeout=60_000)
+            drawn = []
+            for i in range(cells.count()):
+                canvases = [c for c in cells.nth(i).locator("canvas").all()
+                            if (box := c.bounding_box()) and box["width"] > 10 and box["height"] > 10]
+                drawn.append(max([_data_pixels(c.screenshot(timeout=30_000)) for c in canvases], default=0))
+        finally:
+            browser.close()
+    detail = f"data pixels per plotted cell {drawn}; blocked {blocked[:8]}; page errors {page_errors[:5]}"
+    assert len(drawn) >= n_plots, f"{name}: {len(drawn)} of {n_plots} plot cells drew a canvas ({detail})"
+    assert sum(d >= MIN_DATA_PIXELS for d in drawn) >= n_plots, f"{name}: a plot drew no data ({detail})"
