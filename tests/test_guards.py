@@ -72,7 +72,7 @@ _LOAD_POINTS: dict[str, dict[str, Any]] = {
 _NOT_HASHED = {("load_point", "dataset", "path")}
 #: Values tried for a leaf that holds None (an unset optional field) until one validates.
 _PALETTE: tuple[Any, ...] = (2, 7, 16, 2048, 0.5, 0.85, True, "x", "auto", "fp8", "mp", [1], {"x": "1"},
-                             {"dist": "fixed", "value": 5}, {"num_rates": 2})
+                             {"dist": "fixed", "value": 5}, {"num_rates": 2}, ["failover-from:x"])
 
 
 def _manifest(kind: str) -> dict[str, Any]:
@@ -142,7 +142,8 @@ def test_changing_any_manifest_field_changes_the_trial_id() -> None:
         base_id = TrialManifest.model_validate(doc).trial_id
         for path in _leaves(doc):
             old = _get(doc, path)
-            edits = [(path, v) for v in _candidates(old)] + [(path[:-1], v) for v in _PALETTE]  # or its parent
+            edits = [(path, v) for v in _candidates(old)]
+            edits += [(path[:-1], v) for v in _PALETTE] if len(path) > 1 else []  # or its parent
             for at, value in edits:
                 changed = _valid(_with(doc, at, value))
                 if changed is not None and changed.model_dump(mode="json") != doc:
