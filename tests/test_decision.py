@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from analysis import decide_cli
 from analysis.decision import recommend
-from analysis.synthetic import planted
+from analysis.synthetic_decision import designed as _designed
 from servetune.netcdf import write_netcdf
 
 # config -> load point -> (output_throughput, ttft_ms_p99). Equal weights: B wins (0.8) over A (0.75);
@@ -31,28 +32,8 @@ N_BOOT = 200
 
 
 def designed(design: dict[str, dict[str, tuple[float, float]]] = DESIGN, hardware_class: str = "sim-gpu-a",
-             repeats: int = 4, seed: int = 0) -> xr.Dataset:
-    """A SYNTHETIC dataset whose configs A, B, ... have the designed medians (1% multiplicative noise)."""
-    names = sorted(design)
-    ds, _ = planted(n_configs=len(names), n_params=2, repeats=repeats, load_points=("burst", "steady"),
-                    fail_rate_region=0.0, fail_rate_base=0.0, hardware_classes=(hardware_class,), seed=seed)
-    ids = np.asarray(ds["config_id"].values, dtype=object)
-    uniq = sorted(set(ids.tolist()))
-    assert len(uniq) == len(names), "planted drew duplicate configs"
-    name_of = dict(zip(uniq, names))
-    rng = np.random.default_rng(seed)
-    lps = np.asarray(ds["load_point"].values, dtype=object)
-    tp = ds["output_throughput"].values.copy()
-    ttft = ds["ttft_ms"].values.copy()
-    for i, (cid, lp) in enumerate(zip(ids.tolist(), lps.tolist())):
-        thr, lat = design[name_of[cid]][lp]
-        tp[i] = thr * float(np.exp(rng.normal(0, 0.01)))
-        ttft[i, 3] = lat * float(np.exp(rng.normal(0, 0.01)))
-    new_ids = np.asarray([name_of[c] for c in ids.tolist()], dtype=object)
-    out = ds.assign(output_throughput=("trial", tp), ttft_ms=(("trial", "quantile"), ttft))
-    out = out.assign_coords(config_id=("trial", new_ids), config_label=("trial", new_ids.copy()))
-    out.attrs = dict(ds.attrs)
-    return out
+             seed: int = 0) -> xr.Dataset:
+    return _designed(design, hardware_class=hardware_class, seed=seed)
 
 
 def winner(ds: xr.Dataset, **kw: object) -> str | None:
@@ -181,17 +162,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
-def test_cli_writes_the_record_and_refuses_bad_input(tmp_path: Path) -> None:
+def test_cli_writes_the_record_and_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "decide"
     folder.mkdir()
     nc = folder / "results.nc"
     write_netcdf(designed(), nc)
     record = folder / "decision.json"
     for bad, needle in ((["--weights", "nope=1"], "nope"), (["--weights", "burst=-2"], "burst"),
-                        (["--slo", "bogus_p99<=3"], "bogus_p99")):
-        r = _cli(str(nc), "--n-boot", "50", *bad)
-        assert r.returncode == 2 and needle in r.stderr, r.stderr
+                        (["--slo", "bogus_p99<=3"], "bogus_p99"), (["--slo", "ttft_ms_p99<=x"], "ttft_ms_p99<=x")):
+        assert decide_cli.main([str(nc), "--n-boot", "50", *bad]) == 2
+        assert needle in capsys.readouterr().err
         assert not record.exists()
+    # through the coordinator (a child process): the exit code and nothing written
+    r = _cli(str(nc), "--n-boot", "50", "--weights", "nope=1")
+    assert r.returncode == 2 and "nope" in r.stderr and not record.exists()
     r = _cli(str(nc), "--n-boot", "50")
     assert r.returncode == 0, r.stderr
     assert "vllm serve" in r.stdout and "SYNTHETIC" in r.stdout
@@ -200,10 +184,11 @@ def test_cli_writes_the_record_and_refuses_bad_input(tmp_path: Path) -> None:
     assert c["winner"]["config_id"] == "B" and c["runner_up"]["config_id"] == "A"
     assert doc["inputs"]["rule"] == "weighted" and doc["dataset"]["results_sha256"]
     assert {t["kind"] for t in c["thresholds"]} == {"weight", "slo"}
-    r = _cli(str(nc), "--n-boot", "50", "--weights", "burst=3,steady=1", "--slo", "ttft_ms_p99<=250", "--json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["classes"][0]["winner"]["config_id"] == "A"
+    assert decide_cli.main([str(nc), "--n-boot", "50", "--weights", "burst=3,steady=1", "--slo",
+                            "ttft_ms_p99<=250", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["classes"][0]["winner"]["config_id"] == "A"
     assert json.loads(record.read_text())["inputs"]["weights"] == {"burst": 3.0, "steady": 1.0}
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_accessor() -> None:
