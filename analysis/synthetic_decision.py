@@ -28,12 +28,16 @@ def designed(design: Design, hardware_class: str = "sim-gpu-a", repeats: int = 4
     (the design's load points, same for every config), each value = designed median x exp(N(0, noise))."""
     names = sorted(design)
     load_points = list(next(iter(design.values())))
-    ds, _ = planted(n_configs=len(names), n_params=4, repeats=repeats, load_points=tuple(load_points),
-                    fail_rate_region=0.0, fail_rate_base=0.0, hardware_classes=(hardware_class,), seed=seed)
-    ids = np.asarray(ds["config_id"].values, dtype=object)
-    uniq = sorted(set(ids.tolist()))
-    if len(uniq) != len(names):
-        raise ValueError(f"planted drew {len(uniq)} distinct configs for {len(names)} designed ones; try another seed")
+    for attempt in range(100):  # planted's random design may draw a config twice: redraw, deterministically
+        ds, _ = planted(n_configs=len(names), n_params=6, repeats=repeats, load_points=tuple(load_points),
+                        fail_rate_region=0.0, fail_rate_base=0.0, hardware_classes=(hardware_class,),
+                        seed=seed + 100_003 * attempt)
+        ids = np.asarray(ds["config_id"].values, dtype=object)
+        uniq = sorted(set(ids.tolist()))
+        if len(uniq) == len(names):
+            break
+    else:
+        raise ValueError(f"could not draw {len(names)} distinct planted configs")
     name_of = dict(zip(uniq, names))
     rng = np.random.default_rng([seed, 1])
     lps = np.asarray(ds["load_point"].values, dtype=object).tolist()
