@@ -196,3 +196,24 @@ def test_accessor() -> None:
 
     d = designed().sweep.recommend({"burst": 2.0, "steady": 1.0}, n_boot=N_BOOT)
     assert d.classes[0].winner is not None and d.classes[0].winner.config_id == "A"
+
+
+def test_drift_computed_from_baselines_when_not_flagged() -> None:
+    from analysis.drift import drift
+    from analysis.synthetic import planted
+
+    ds, _ = planted(n_configs=12, repeats=2, load_points=("a", "b"), baseline_every=4, drift_at=0.5,
+                    drift_size=-0.5, fail_rate_region=0.0, fail_rate_base=0.0)
+    suspect = drift(ds, metric="output_throughput").suspect
+    assert suspect, "the planted drift should alarm"
+    d = recommend(ds, n_boot=50)
+    assert d.n_drift_excluded == len(suspect)
+    assert recommend(ds, n_boot=50, include_drift=True).n_drift_excluded == 0
+
+
+def test_single_repeat_is_never_called_distinguishable() -> None:
+    ds = _designed(DESIGN, repeats=1)
+    d = recommend(ds, n_boot=N_BOOT)
+    (c,) = d.classes
+    assert c.winner is not None and not c.distinguishable and "single repeat" in c.sentence
+    assert any(w.code == "single_repeat" for w in d.warnings)
