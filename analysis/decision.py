@@ -407,9 +407,11 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
             up, uw, down, dw = weight_thresholds(norm, w, feasible, i, rule)
             thresholds.append(Threshold(
                 "weight", lp, float(w[i]), up, None if uw is None else ids[uw], down, None if dw is None else ids[dw],
-                f"weight of {lp} (now {w[i]:g}): winner changes above {_fmt(up)}"
-                + (f" (to {cells.labels[uw]})" if uw is not None else "")
-                + f", below {_fmt(down)}" + (f" (to {cells.labels[dw]})" if dw is not None else "")))
+                f"weight of {lp} (now {w[i]:g}): raised, the winner changes "
+                + (f"above {up:.4g} (to {cells.labels[uw]})" if up is not None and uw is not None else "never in range")
+                + "; lowered, it changes "
+                + (f"below {down:.4g} (to {cells.labels[dw]})" if down is not None and dw is not None
+                   else "never in range")))
         for s, (col, bound) in enumerate(slo_cols):
             others = base & np.delete(meets, s, axis=1).all(axis=1)
             up, uw, down, dw = slo_thresholds(score, others, worst[:, s], bound)
