@@ -124,7 +124,12 @@ def human(decision: Decision, commands: dict[str, str], path: Path) -> str:
             lines.append(commands[c.winner.config_id])
         lines.append(f"  feasible {c.n_feasible} of {c.n_configs} configs; excluded: "
                      + ", ".join(f"{k} {v}" for k, v in c.excluded.items()))
-        lines.append(f"  evidence (winner): {c.evidence.get('winner')}")
+        for who in ("winner", "runner_up"):
+            ev = dict(c.evidence.get(who) or {})
+            if ev:
+                reps = ", ".join(f"{lp} {n}" for lp, n in ev.pop("repeats", {}).items())
+                rest = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ev.items())
+                lines.append(f"  evidence ({who.replace('_', '-')}): repeats {reps}; {rest}")
         for t in c.thresholds:
             lines.append(f"  what would change it: {t.sentence}")
     for w in decision.warnings:

@@ -378,7 +378,10 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
                 "misses_an_slo": int((base & ~meets.all(axis=1)).sum())}
     single = bool(win is not None and (cells.counts[win] == 1).any()) or bool(
         run is not None and (cells.counts[run] == 1).any())
-    if slo_cols and (cells.counts[base] == 1).any():
+    if slo_cols and n_boot == 0:
+        notes.warn("no_bootstrap", "n_boot=0: SLOs are checked on the medians, with no uncertainty, and the margin "
+                                   "has no interval", name)
+    elif slo_cols and (cells.counts[base] == 1).any():
         notes.warn("single_repeat", "some candidates have a single repeat on a load point: their SLO check uses the "
                                     "measured value, with no uncertainty", name)
     margin: Interval | None = None
