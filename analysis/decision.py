@@ -60,7 +60,7 @@ from analysis.crosshw import NORMALISATIONS, _relabel, resolve_prices
 from analysis.drift import drift
 from analysis.frame import AnalysisInputError, metric_sense, trial_table
 from analysis.hardware import classes_of, failover_of, per_class
-from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups
+from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups, param_values
 from analysis.ranking import _objective_of, _slo_columns, _slos_of
 from servetune.ranking import NOT_THE_CONFIGS_FAULT
 
@@ -546,18 +546,13 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
 
 
 def serve_params(ds: xr.Dataset, config_id: str) -> dict[str, Any]:
-    """The ``param_*`` values of one trial of ``config_id`` (for its ``vllm serve`` command)."""
+    """The parameter values of one trial of ``config_id`` (for its ``vllm serve`` command,
+    :func:`servetune.export.engine_config_from_params`)."""
     ids = np.asarray(ds["config_id"].values, dtype=object).astype(str)
     hit = np.flatnonzero(ids == config_id)
     if not len(hit):
         raise AnalysisInputError(f"no trial of config {config_id!r}")
-    out: dict[str, Any] = {}
-    for name in ds.coords:
-        if str(name).startswith("param_"):
-            v = ds[name].values[hit[0]]
-            v = v.item() if hasattr(v, "item") else v
-            out[str(name).removeprefix("param_")] = None if (isinstance(v, float) and math.isnan(v)) or v == "" else v
-    return out
+    return param_values(trial_table(ds.isel(trial=hit[:1])), [0])[0]
 
 
 __all__ = ["RULES", "SLO_RULE", "CROSS_MODES", "Choice", "Threshold", "ClassDecision", "Decision", "recommend",
