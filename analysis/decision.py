@@ -10,9 +10,10 @@ Feasibility (the conservative rule, :data:`SLO_RULE`): a config is a candidate o
 usable trials on EVERY load point and no trial failed by its own fault (a ``transport`` loss is not
 held against it). It meets an SLO on a load point when the one-sided 95% upper confidence bound of
 the median over its repeats of the SLO column (``ttft_ms`` at 99 -> ``ttft_ms_p99``) is at most
-``max_ms``; the bound is the 95th percentile of bootstrap resamples of the repeats
-(:func:`analysis.pareto.bootstrap_medians`). With a single repeat there is no spread to resample:
-the bound is the measured value and a ``single_repeat`` warning says the check has no uncertainty.
+``max_ms``; the bound is a distribution-free order statistic of the repeats
+(:func:`median_upper_bound`: exact for independent repeats of any continuous distribution). Fewer
+than 5 repeats cannot reach 95%: the bound is then the largest repeat and a ``few_repeats`` warning
+gives its real confidence (87.5% for 3); a single repeat is checked on its value (``single_repeat``).
 A config must meet every SLO on every load point.
 
 Rules (:data:`RULES`): each load point's objective median is normalised by the best median any
@@ -73,8 +74,9 @@ RULES: dict[str, str] = {
     "regret": "among configs meeting every SLO on every load point, the smallest worst-case regret "
               "(1 - normalised objective) over the load points with weight > 0",
 }
-SLO_RULE = ("a config meets an SLO on a load point when the one-sided 95% upper confidence bound (bootstrap of its "
-            "repeats) of the median of the SLO column is at most the bound; single repeats are checked on the "
+SLO_RULE = ("a config meets an SLO on a load point when the one-sided 95% upper confidence bound of the median "
+            "over its repeats of the SLO column (a distribution-free order statistic; with fewer than 5 repeats the "
+            "largest repeat, at lower confidence) is at most the bound; single repeats are checked on the "
             "measured value (no uncertainty); configs with a failure of their own or a load point without usable "
             "trials are never recommended")
 #: cross-hardware mode -> the normalised objective column (from :data:`analysis.crosshw.NORMALISATIONS`)
@@ -240,6 +242,21 @@ def slo_thresholds(score: np.ndarray, base: np.ndarray, bound_of: np.ndarray,
 # --- from a dataset -----------------------------------------------------------------------------------------
 
 
+def median_upper_bound(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """A distribution-free one-sided upper confidence bound of the median of ``values``' distribution
+    and its exact confidence: the smallest order statistic ``x_(k)`` with P(Binomial(n, 1/2) <= k-1)
+    >= ``level`` (for continuous iid values, P(median <= x_(k)) is that binomial probability). With
+    fewer than 5 values no order statistic reaches 95%: the largest value is returned with its
+    confidence ``1 - 2**-n`` (87.5% for 3 values)."""
+    x = np.sort(np.asarray(values, dtype=float)[np.isfinite(values)])
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan
+    cdf = np.cumsum([math.comb(n, i) for i in range(n + 1)]) / 2.0 ** n  # P(Bin <= i)
+    k = next((i + 1 for i in range(n) if cdf[i] >= level), n)
+    return float(x[k - 1]), float(cdf[k - 1])
+
+
 @dataclass
 class _Cells:
     """One class's configs x load points: objective medians, SLO upper bounds, bootstrap medians."""
@@ -258,7 +275,7 @@ class _Cells:
 def _cells(df: pd.DataFrame, obj: str, slo_cols: list[tuple[str, float]], load_points: list[str],
            n_boot: int, seed: int) -> _Cells:
     cols = [obj, *[c for c, _ in slo_cols]]
-    groups = {g.key["load_point"]: g for g in config_groups(df, cols, ("load_point",), with_trials=n_boot > 0)}
+    groups = {g.key["load_point"]: g for g in config_groups(df, cols, ("load_point",), with_trials=True)}
     ids = sorted({str(c) for g in groups.values() for c in g.config_ids})
     pos = {c: i for i, c in enumerate(ids)}
     labels = [""] * len(ids)
@@ -279,11 +296,12 @@ def _cells(df: pd.DataFrame, obj: str, slo_cols: list[tuple[str, float]], load_p
         counts[at, j] = g.counts
         ucb[at, j, :] = g.medians[:, 1:]
         if n_boot > 0 and (g.counts > 0).any():
-            b = bootstrap_medians(g, n_boot, seed + 7919 * j)
-            boot[:, at, j] = b[:, :, 0]
-            multi = g.counts > 1
-            if n_s and multi.any():
-                ucb[at[multi], j, :] = np.quantile(b[:, multi, 1:], LEVEL, axis=0)
+            boot[:, at, j] = bootstrap_medians(g, n_boot, seed + 7919 * j)[:, :, 0]
+        if n_s and g.values is not None and g.starts is not None:
+            for c in np.flatnonzero(g.counts > 1).tolist():
+                lo = int(g.starts[c])
+                vals = g.values[lo:lo + int(g.counts[c]), 1:]
+                ucb[at[c], j, :] = [median_upper_bound(vals[:, s])[0] for s in range(n_s)]
     if "failure_kind" in df:
         own = (df["status"].astype(str) == "failed") & ~df["failure_kind"].astype(str).isin(NOT_THE_CONFIGS_FAULT)
         if "is_baseline" in df:
@@ -378,12 +396,16 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
                 "misses_an_slo": int((base & ~meets.all(axis=1)).sum())}
     single = bool(win is not None and (cells.counts[win] == 1).any()) or bool(
         run is not None and (cells.counts[run] == 1).any())
-    if slo_cols and n_boot == 0:
-        notes.warn("no_bootstrap", "n_boot=0: SLOs are checked on the medians, with no uncertainty, and the margin "
-                                   "has no interval", name)
-    elif slo_cols and (cells.counts[base] == 1).any():
+    if n_boot == 0:
+        notes.warn("no_bootstrap", "n_boot=0: the margin has no interval", name)
+    if slo_cols and (cells.counts[base] == 1).any():
         notes.warn("single_repeat", "some candidates have a single repeat on a load point: their SLO check uses the "
                                     "measured value, with no uncertainty", name)
+    few = sorted({int(n) for n in cells.counts[base].ravel().tolist() if 1 < n < 5})
+    if slo_cols and few:
+        levels = ", ".join(f"{n} repeats {median_upper_bound(np.arange(n))[1]:.1%}" for n in few)
+        notes.warn("few_repeats", "with fewer than 5 repeats the SLO upper bound is the largest repeat, which bounds "
+                                  f"the median at less than 95% confidence ({levels})", name)
     margin: Interval | None = None
     distinguishable = False
     label = f"hardware class {name}" if name else "this experiment"
@@ -479,7 +501,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         rule: a name in :data:`RULES`.
         include_drift: keep drift-suspect trials (default: left out, and counted).
         objective: the metric to maximise (default the spec's ranking objective).
-        n_boot: bootstrap resamples (SLO bounds and the margin's interval; 0: point values only).
+        n_boot: bootstrap resamples for the margin's interval (0: none).
         seed: resampling seed.
         cross_hardware: None (each class on its own) or a mode in :data:`CROSS_MODES` (labelled).
         prices: hardware class -> USD per GPU-hour, for ``per_gpu_hour`` (default the spec's).
@@ -556,4 +578,4 @@ def serve_params(ds: xr.Dataset, config_id: str) -> dict[str, Any]:
 
 
 __all__ = ["RULES", "SLO_RULE", "CROSS_MODES", "Choice", "Threshold", "ClassDecision", "Decision", "recommend",
-           "scores", "choose", "weight_thresholds", "slo_thresholds", "fingerprint", "serve_params"]
+           "scores", "choose", "median_upper_bound", "weight_thresholds", "slo_thresholds", "fingerprint", "serve_params"]

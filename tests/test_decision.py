@@ -7,6 +7,7 @@ metrics overwritten by a designed table, so the right answer and every threshold
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,21 @@ def test_single_repeat_is_never_called_distinguishable() -> None:
     (c,) = d.classes
     assert c.winner is not None and not c.distinguishable and "single repeat" in c.sentence
     assert any(w.code == "single_repeat" for w in d.warnings)
+
+
+@pytest.mark.parametrize("n,k,level", [(3, 3, 0.875), (4, 4, 0.9375), (5, 5, 31 / 32), (10, 9, 1013 / 1024),
+                                       (20, 15, None)])
+def test_median_upper_bound_is_the_exact_order_statistic(n: int, k: int, level: float | None) -> None:
+    from analysis.decision import median_upper_bound
+
+    values = np.random.default_rng(n).permutation(np.arange(1.0, n + 1))  # order statistic k has value k
+    bound, conf = median_upper_bound(values)
+    assert bound == k
+    assert conf >= 0.95 or n < 5
+    if level is not None:
+        assert conf == pytest.approx(level)
+    # and it covers a true median at its stated rate (binomial tolerance, fixed seed)
+    rng = np.random.default_rng(0)
+    sims = 2000
+    hits = sum(median_upper_bound(rng.lognormal(0.0, 1.0, n))[0] >= 1.0 for _ in range(sims))
+    assert abs(hits / sims - conf) < 4 * math.sqrt(conf * (1 - conf) / sims) + 1e-9
