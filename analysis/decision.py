@@ -422,9 +422,11 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
         else:
             margin = Interval(est, math.nan, math.nan, LEVEL)
         how = ("distinguishable from" if distinguishable else "NOT distinguishable from")
-        why = " (a single repeat has no spread to resample)" if single else ""
+        shown = (f"{margin}" if math.isfinite(margin.low) else
+                 f"{est:.4g} with no interval ("
+                 + ("a single repeat has no spread to resample" if single else "no bootstrap was run") + ")")
         sentence = (f"recommend {cells.labels[win]} on {label}; it is {how} the runner-up {cells.labels[run]}: "
-                    f"margin {margin}{why}")
+                    f"margin {shown}")
     thresholds: list[Threshold] = []
     ids = cells.config_ids
     if win is not None:
