@@ -12,7 +12,7 @@ Importing :mod:`analysis` registers the accessor::
 Every method is a thin call into the module that documents it (:mod:`analysis.pareto`,
 :mod:`analysis.ranking`, :mod:`analysis.compare`, :mod:`analysis.importance`,
 :mod:`analysis.effects`, :mod:`analysis.interactions`, :mod:`analysis.failure`,
-:mod:`analysis.drift`, :mod:`analysis.report`); none modifies the dataset.
+:mod:`analysis.drift`, :mod:`analysis.decision`, :mod:`analysis.report`); none modifies the dataset.
 """
 
 from __future__ import annotations
@@ -113,6 +113,12 @@ class SweepAccessor:
         from analysis.drift import drift
 
         return drift(self._ds, **kw)
+
+    def recommend(self, weights: dict[str, float] | None = None, **kw: Any) -> Any:
+        """One config to deploy per hardware class (:func:`analysis.decision.recommend`)."""
+        from analysis.decision import recommend
+
+        return recommend(self._ds, weights=weights, **kw)
 
     def analyze(self, **kw: Any) -> dict[str, Any]:
         """Everything, as the JSON document ``coordinator analyze --json`` prints."""

@@ -12,6 +12,7 @@ import sys
 
 from coordinator.commands import analyze as analyze_cmd
 from coordinator.commands import keys as keys_cmd
+from coordinator.commands import recommend as recommend_cmd
 from coordinator.commands import report as report_cmd
 from coordinator.commands import sweep as sweep_cmd
 from coordinator.commands import validate as validate_cmd
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmd.register(sub)
     analyze_cmd.register(sub)
     report_cmd.register(sub)
+    recommend_cmd.register(sub)
     keys_cmd.register(sub)
     return parser
 
