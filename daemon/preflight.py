@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from daemon.fingerprint import package_versions
-from daemon.gpusets import batch_gpu_set
+from daemon.gpusets import GPUSet, batch_gpu_set
 from daemon.nvml import nvml_session, read_use
 from servetune.errors import ServetuneError
 from servetune.result import Fingerprint
@@ -263,8 +263,12 @@ class PreflightFailed(ServetuneError):
         self.result = result
 
 
-def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint) -> PreflightResult:
-    """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get."""
-    chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
+def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint,
+                    chosen: GPUSet | None = None) -> PreflightResult:
+    """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get
+    (``chosen``, as the daemon's slots gave it; None: the best set of its tensor_parallel_size,
+    which is None too on a CPU-only node or when the node has too few GPUs)."""
+    if chosen is None:
+        chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
     return preflight.run(grant.backend.kind, grant.model, chosen.gpus if chosen is not None else None,
                          own_pids=[os.getpid()])
