@@ -222,14 +222,14 @@ class BatchWorker:
         self.outbox = outbox
         self._recheck = recheck
         self._failed: tuple[Grant | None] | None = (None,) if out_of_service else None
-        self._grants: queue.Queue[tuple[Grant, GPUSet | None] | None] = queue.Queue()
+        self._grants: queue.Queue[tuple[Grant, GPUSet | None, tuple[int, ...]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="batch-worker", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, grant: Grant, gpu_set: GPUSet | None = None) -> None:
-        self._grants.put((grant, gpu_set))
+    def submit(self, grant: Grant, gpu_set: GPUSet | None = None, co_tenanted: tuple[int, ...] = ()) -> None:
+        self._grants.put((grant, gpu_set, co_tenanted))
 
     def close(self, timeout_s: float) -> bool:
         """Abort what runs, stop the thread; False if it did not end within ``timeout_s``."""
@@ -251,7 +251,7 @@ class BatchWorker:
                 continue
             if item is None:
                 return
-            grant, self.runner.gpu_set = item
+            grant, self.runner.gpu_set, self.runner.co_tenanted = item
             try:
                 self.runner.run(grant)
                 if self._failed is not None:  # a batch passed its preflight: in service again
@@ -477,7 +477,7 @@ class DaemonAgent:
                     busy = set(map(id, self._assigned.values()))
                     worker = next(w for w in self._workers if id(w) not in busy)  # the session keeps one idle
                     self._assigned[ins.grant.batch_id] = worker
-                    worker.submit(ins.grant, ins.gpu_set)
+                    worker.submit(ins.grant, ins.gpu_set, ins.co_tenanted)
                 case AbortBatch():
                     log.warning("aborting batch %s: %s", ins.batch_id, ins.reason)
                     assigned = self._assigned.get(ins.batch_id)

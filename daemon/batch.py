@@ -144,6 +144,8 @@ class BatchRunner:
         #: The GPU set the daemon's slots (:mod:`daemon.slots`) gave the next batch; unset: the best
         #: set of the batch's ``tensor_parallel_size`` (a runner used on its own, one batch at a time).
         self.gpu_set: GPUSet | None | _Unset = UNSET
+        #: GPUs of that set another batch of this daemon uses (declared co-tenancy): preflight skips them.
+        self.co_tenanted: tuple[int, ...] = ()
 
     def _gpus(self, grant: Grant) -> GPUSet | None:
         if not isinstance(self.gpu_set, _Unset):
@@ -197,7 +199,8 @@ class BatchRunner:
         owner.addHandler(self._batch_log)
         try:
             if self.ctx.preflight is not None:
-                checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint, self._gpus(grant))
+                checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint, self._gpus(grant),
+                                          self.co_tenanted)
                 if not checked.ok:  # a daemon error (BATCH_ERROR), never a result: see daemon.agent
                     raise PreflightFailed(checked)
             self._run(grant)

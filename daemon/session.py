@@ -123,6 +123,8 @@ class StartBatch:
 
     grant: Grant
     gpu_set: GPUSet | None = None
+    #: GPUs of the set another running batch uses (declared co-tenancy): its preflight skips them.
+    co_tenanted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -527,7 +529,7 @@ class DaemonSession:
             where = (f"GPUs {claim.gpu_set.cuda_visible_devices}{' (shared: co-tenancy)' if claim.shared else ''}"
                      if claim.gpu_set is not None else "this node's devices")
             out += [Log(logging.INFO, f"starting batch {grant.batch_id} on {where}"),
-                    StartBatch(grant, claim.gpu_set)]
+                    StartBatch(grant, claim.gpu_set, claim.co_tenanted)]
         return out
 
     def _drop_waiting(self, batch_id: str) -> bool:

@@ -33,6 +33,8 @@ class Claim:
     batch_id: str
     gpu_set: GPUSet | None
     gpus: tuple[int, ...]
+    #: GPUs of the set another running batch held when it was claimed (declared co-tenancy only).
+    co_tenanted: tuple[int, ...] = ()
 
     @property
     def shared(self) -> bool:
@@ -77,7 +79,8 @@ class SlotPool:
         if not self.co_tenancy:
             return None
         best = gpu_sets(self.gpus, self.links, size)[0]
-        return Claim(batch_id, GPUSet(best.gpus, nvlink=best.nvlink, shared=True), best.gpus)
+        return Claim(batch_id, GPUSet(best.gpus, nvlink=best.nvlink, shared=True), best.gpus,
+                     tuple(g for g in best.gpus if in_use[g]))
 
     def claim(self, batch_id: str, tensor_parallel_size: int | None) -> Claim | None:
         """Claim GPUs for ``batch_id`` now, or None when no set is free (it must wait)."""

@@ -19,6 +19,7 @@ import pytest
 
 from daemon.cli import build_parser
 from daemon.fingerprint import collect_fingerprint
+from daemon.preflight import check_gpus_idle
 from daemon.session import AbortBatch, DaemonSession, Log, StartBatch
 from daemon.slots import SlotPool
 from servetune.manifest import EngineArgs, EngineConfig
@@ -102,8 +103,22 @@ def test_co_tenancy_shares_a_device_only_where_declared(four_gpus: Fingerprint) 
     assert gpus.claim("b1", 3) is not None
     shared = gpus.claim("b2", 3)
     assert shared is not None and shared.shared, "too few free GPUs: shared, and marked so"
+    assert shared.co_tenanted == shared.gpus, "the best 3-GPU set again: all 3 held by b1"
     disjoint = SlotPool.for_fingerprint(four_gpus, max_concurrency=2)
     assert disjoint.claim("b1", 3) is not None and disjoint.claim("b2", 3) is None
+
+
+def test_preflight_skips_only_the_gpus_a_co_tenant_of_this_daemon_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKE GPUs: GPU 0 runs the co-tenant batch's server (pid 5001), GPU 1 a stranger's (pid 6002)."""
+    fake_nvml.install(monkeypatch, [FakeGPU(used_mib=60000, processes=[(5001, 60000)]),
+                                    FakeGPU(used_mib=30000, processes=[(6002, 30000)]), FakeGPU()])
+    assert check_gpus_idle([0, 2]).status == "failed", "a shared GPU fails the idle check unless declared"
+    ok = check_gpus_idle([0, 2], shared=[0])
+    assert ok.status == "ok" and "GPU(s) 2 idle" in ok.detail and "GPU(s) 0 not checked" in ok.detail
+    only_shared = check_gpus_idle([0], shared=[0])
+    assert only_shared.status == "skipped" and "declared co-tenancy" in only_shared.detail
+    stranger = check_gpus_idle([0, 1], shared=[0])
+    assert stranger.status == "failed" and "pid 6002" in stranger.detail and "pid 5001" not in stranger.detail
 
 
 # --------------------------------------------------------------------------- the session's slots
