@@ -7,9 +7,10 @@
   pair that pins the coordinator's public key: a coordinator without that key's secret completes no
   handshake and gets nothing. A handshake the coordinator refuses (this daemon's key not in its
   allow-list) or that fails is logged from the socket's monitor, once per kind;
-- a :class:`BatchWorker` thread that runs one grant at a time with a
-  :class:`~daemon.batch.BatchRunner` and hands its messages back through an outbox queue, so the
-  loop stays free while a load point runs;
+- one :class:`BatchWorker` thread per slot (:mod:`daemon.slots`: ``--max-concurrency``, at most one
+  batch per GPU unless ``--co-tenancy`` is declared), each running one grant at a time with its own
+  :class:`~daemon.batch.BatchRunner` on the GPU set the session claimed for it, and handing its
+  messages back through one outbox queue, so the loop stays free while load points run;
 - the loop. Each iteration: ``on_tick(now)`` first (a lease past its deadline is fenced before
   anything stale could be sent, e.g. after SIGSTOP), then the worker's outbox through
   ``on_outgoing``/``on_batch_done``, then a stop request if one came, then at most 100 ms of
@@ -69,6 +70,7 @@ from daemon.artifact_spool import ArtifactSpool
 from daemon.artifact_upload import PacingPolicy
 from daemon.batch import UNSTAMPED, BatchContext, BatchRunner, Emit
 from daemon.fingerprint import collect_fingerprint
+from daemon.gpusets import GPUSet
 from daemon.preflight import Preflight, PreflightFailed, PreflightResult, batch_preflight
 from daemon.session import (
     AbortBatch,
@@ -82,6 +84,7 @@ from daemon.session import (
     Send,
     StartBatch,
 )
+from daemon.slots import SlotPool
 from servetune.artifact_messages import ArtifactMissing, ArtifactRefused, ArtifactStored, ToCoordinator
 from servetune.artifacts import CHUNK_SIZE
 from servetune.errors import ProtocolError, ServetuneError
@@ -160,6 +163,10 @@ class DaemonOptions:
     artifact_chunk_size: int = CHUNK_SIZE
     #: Checks run when joining and before each batch (:mod:`daemon.preflight`); None: none.
     preflight: Preflight | None = None
+    #: Batches at once asked for (``--max-concurrency``); :mod:`daemon.slots` caps it at one per GPU
+    #: (one on a CPU-only node) unless ``co_tenancy`` (``--co-tenancy``) is declared.
+    max_concurrency: int = 1
+    co_tenancy: bool = False
 
 
 def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None]:
@@ -215,14 +222,14 @@ class BatchWorker:
         self.outbox = outbox
         self._recheck = recheck
         self._failed: tuple[Grant | None] | None = (None,) if out_of_service else None
-        self._grants: queue.Queue[Grant | None] = queue.Queue()
+        self._grants: queue.Queue[tuple[Grant, GPUSet | None, tuple[int, ...]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="batch-worker", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, grant: Grant) -> None:
-        self._grants.put(grant)
+    def submit(self, grant: Grant, gpu_set: GPUSet | None = None, co_tenanted: tuple[int, ...] = ()) -> None:
+        self._grants.put((grant, gpu_set, co_tenanted))
 
     def close(self, timeout_s: float) -> bool:
         """Abort what runs, stop the thread; False if it did not end within ``timeout_s``."""
@@ -235,15 +242,16 @@ class BatchWorker:
         while True:
             waiting = self._failed is not None and self._recheck is not None
             try:
-                grant = self._grants.get(timeout=PREFLIGHT_RECHECK_S if waiting else None)
+                item = self._grants.get(timeout=PREFLIGHT_RECHECK_S if waiting else None)
             except queue.Empty:
                 assert self._recheck is not None and self._failed is not None
                 if self._recheck(self._failed[0]).ok:
                     self._failed = None
                     self.outbox.put(ServiceChange(None))
                 continue
-            if grant is None:
+            if item is None:
                 return
+            grant, self.runner.gpu_set, self.runner.co_tenanted = item
             try:
                 self.runner.run(grant)
                 if self._failed is not None:  # a batch passed its preflight: in service again
@@ -284,7 +292,8 @@ class DaemonAgent:
         self._handshake_told: set[int] = set()
         self._reopen_at = 0.0
         self._exit: Exit | None = None
-        self._worker: BatchWorker | None = None
+        self._workers: list[BatchWorker] = []
+        self._assigned: dict[str, BatchWorker] = {}  # running batch -> its worker
         self._sender: SpoolSender | None = None
         self._shutdown: tuple[Shutdown, float] | None = None  # held while uploads finish
         self._clock_offset_ns = 0  # TEST-ONLY planted offset (TEST_CLOCK_OFFSET_ENV), read by run()
@@ -329,26 +338,38 @@ class DaemonAgent:
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
                            vllm_python=self.opts.vllm_python, vllm_launch=self.opts.vllm_launch,
                            api_key_envs=frozenset(self.opts.api_key_envs), spool=spool, preflight=preflight)
-        runner = self._runner_factory(ctx, self._outbox.put, self.stop)
+        slots = SlotPool.for_fingerprint(fingerprint, self.opts.max_concurrency, self.opts.co_tenancy)
+        if slots.capacity < slots.requested:
+            log.warning("--max-concurrency %d: this node runs %d batch(es) at once (one per %s; --co-tenancy "
+                        "declares sharing a device)", slots.requested, slots.capacity,
+                        "GPU" if fingerprint.gpus else "CPU-only node, one device")
 
         def recheck(grant: Grant | None) -> PreflightResult:
             assert preflight is not None
             return batch_preflight(preflight, grant, fingerprint) if grant is not None else preflight.run()
 
-        self._worker = BatchWorker(runner, self._outbox, recheck if preflight is not None else None,
-                                   out_of_service is not None)
-        self._worker.start()
+        self._workers = [BatchWorker(self._runner_factory(ctx, self._outbox.put, self.stop), self._outbox,
+                                     recheck if preflight is not None else None,
+                                     out_of_service is not None and i == 0)  # one re-checks the join's
+                         for i in range(slots.capacity)]
+        for worker in self._workers:
+            worker.start()
         session = DaemonSession(self.daemon_id, os.getpid(),
-                                Capabilities(fingerprint=fingerprint, out_of_service=out_of_service),
-                                coordinator_lost_s=self.opts.coordinator_lost_s)
+                                Capabilities(fingerprint=fingerprint, out_of_service=out_of_service,
+                                             max_concurrency=slots.capacity),
+                                coordinator_lost_s=self.opts.coordinator_lost_s, slots=slots)
         self._zctx = zmq.Context()
         try:
             self._open()
             self._loop(session)
         finally:
             self.stop.set()
-            if not self._worker.close(WORKER_JOIN_S):
-                log.error("batch worker did not stop within %.0f s", WORKER_JOIN_S)
+            for worker in self._workers:
+                worker.runner.abort()
+            until = time.monotonic() + WORKER_JOIN_S
+            for worker in self._workers:
+                if not worker.close(max(0.0, until - time.monotonic())):
+                    log.error("batch worker did not stop within %.0f s", WORKER_JOIN_S)
             self._close(linger_ms=FINAL_LINGER_MS)
             self._zctx.term()
         assert self._exit is not None
@@ -383,6 +404,7 @@ class DaemonAgent:
             except queue.Empty:
                 return
             if isinstance(item, BatchDone):
+                self._assigned.pop(item.batch_id, None)
                 self._execute(session.on_batch_done(item.batch_id, self._clock()))
             elif isinstance(item, ServiceChange):
                 self._execute(session.set_out_of_service(item.reason, self._clock()))
@@ -452,12 +474,15 @@ class DaemonAgent:
                 case Send():
                     self._send(ins)
                 case StartBatch():
-                    assert self._worker is not None
-                    self._worker.submit(ins.grant)
+                    busy = set(map(id, self._assigned.values()))
+                    worker = next(w for w in self._workers if id(w) not in busy)  # the session keeps one idle
+                    self._assigned[ins.grant.batch_id] = worker
+                    worker.submit(ins.grant, ins.gpu_set, ins.co_tenanted)
                 case AbortBatch():
                     log.warning("aborting batch %s: %s", ins.batch_id, ins.reason)
-                    assert self._worker is not None
-                    self._worker.runner.abort(ins.batch_id)
+                    assigned = self._assigned.get(ins.batch_id)
+                    for worker in [assigned] if assigned is not None else self._workers:
+                        worker.runner.abort(ins.batch_id)
                 case Reconnect():
                     self._close()
                     self._reopen_at = self._clock() + ins.delay_s

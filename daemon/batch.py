@@ -32,7 +32,7 @@ from pathlib import Path
 
 from daemon.artifact_spool import ArtifactSpool
 from daemon.endpoint import Endpoint, ServerRequestError
-from daemon.gpusets import batch_gpu_set, server_env
+from daemon.gpusets import GPUSet, batch_gpu_set, server_env
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
 from daemon.preflight import Preflight, PreflightFailed, batch_preflight
@@ -58,6 +58,13 @@ UNSTAMPED = "unstamped"
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+class _Unset:
+    """No GPU set assigned (:attr:`BatchRunner.gpu_set`)."""
+
+
+UNSET = _Unset()
 
 
 class _Cancel(threading.Event):
@@ -134,6 +141,16 @@ class BatchRunner:
         self._cancel: threading.Event = _Cancel(stop)  # of the batch running now
         self._batch_id: str | None = None
         self._batch_log = BatchLog()
+        #: The GPU set the daemon's slots (:mod:`daemon.slots`) gave the next batch; unset: the best
+        #: set of the batch's ``tensor_parallel_size`` (a runner used on its own, one batch at a time).
+        self.gpu_set: GPUSet | None | _Unset = UNSET
+        #: GPUs of that set another batch of this daemon uses (declared co-tenancy): preflight skips them.
+        self.co_tenanted: tuple[int, ...] = ()
+
+    def _gpus(self, grant: Grant) -> GPUSet | None:
+        if not isinstance(self.gpu_set, _Unset):
+            return self.gpu_set
+        return batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size)
 
     def abort(self, batch_id: str | None = None) -> None:
         """Cancel batch ``batch_id`` (any batch when None) if it is the one running: its load stops,
@@ -182,7 +199,8 @@ class BatchRunner:
         owner.addHandler(self._batch_log)
         try:
             if self.ctx.preflight is not None:
-                checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint)
+                checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint, self._gpus(grant),
+                                          self.co_tenanted)
                 if not checked.ok:  # a daemon error (BATCH_ERROR), never a result: see daemon.agent
                     raise PreflightFailed(checked)
             self._run(grant)
@@ -210,8 +228,7 @@ class BatchRunner:
             self._fail_all(grant, grant.trials, started, str(exc), None, None, None)
             return
         logs = self.ctx.workdir / "logs"
-        gpu_env = server_env(batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size),
-                             grant.config.env)
+        gpu_env = server_env(self._gpus(grant), grant.config.env)
         server = VLLMServer(
             model=model.model_arg,
             served_name=grant.model.served_name,
@@ -331,7 +348,7 @@ class BatchRunner:
         before: dict[str, float] = {}
         # /metrics every 0.5 s from the start of the measurement until the server drained
         scraper = MetricsScraper.for_endpoint(server, name=f"scrape-{trial.trial_id[:8]}")
-        chosen = batch_gpu_set(self.ctx.fingerprint, grant.config.args.tensor_parallel_size)
+        chosen = self._gpus(grant)
         sampler = TelemetrySampler(list(chosen.gpus) if chosen else None, name=f"gpu-{trial.trial_id[:8]}")
 
         def on_measure_start() -> None:

@@ -210,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="BYTES",
                        help="chunk size of the artifacts this daemon spools and uploads (logs, samples; default: "
                             "%(default)d; a smaller one resends less after an interrupted upload)")
+    start.add_argument("--max-concurrency", type=_positive_int, default=1, metavar="N",
+                       help="batches this daemon runs at once, each on its own GPU set (CUDA_VISIBLE_DEVICES) sized by "
+                            "its tensor_parallel_size; at most one per GPU, and one on a CPU-only node (one device), "
+                            "unless --co-tenancy (default: %(default)d)")
+    start.add_argument("--co-tenancy", action="store_true",
+                       help="declare that trials may share a device on this node (they then measure each other's "
+                            "load too): --max-concurrency batches run even where the GPUs are too few for disjoint "
+                            "sets, or on a CPU-only node")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
     _preflight_flags(start)
@@ -350,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key_envs=tuple(n.strip() for n in args.api_key_envs), daemon_id=args.daemon_id,
         coordinator_lost_s=args.coordinator_lost, upload_bytes_per_interval=args.upload_bytes_per_interval,
         artifact_chunk_size=args.artifact_chunk_size, preflight=node_preflight(args, node_has_gpus=False),
+        max_concurrency=int(args.max_concurrency), co_tenancy=args.co_tenancy,
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:

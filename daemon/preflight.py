@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from daemon.fingerprint import package_versions
-from daemon.gpusets import batch_gpu_set
+from daemon.gpusets import GPUSet, batch_gpu_set
 from daemon.nvml import nvml_session, read_use
 from servetune.errors import ServetuneError
 from servetune.result import Fingerprint
@@ -87,8 +87,10 @@ class PreflightResult:
 
 
 def check_gpus_idle(gpus: Iterable[int] | None, own_pids: Iterable[int] = (), expect_gpus: bool = False,
-                    max_used_fraction: float = DEFAULT_MAX_USED_FRACTION) -> Check:
+                    max_used_fraction: float = DEFAULT_MAX_USED_FRACTION, shared: Iterable[int] = ()) -> Check:
     """The GPUs ``gpus`` (None: all) run no foreign compute process and have their memory free.
+    ``shared``: GPUs of the set that another batch of this daemon uses under declared co-tenancy
+    (``daemon start --co-tenancy``): busy by declaration, so not checked (the text says so).
 
     ``expect_gpus``: the node has GPUs (seen some other way, e.g. nvidia-smi), so NVML not
     answering is a failure rather than a CPU-only node."""
@@ -105,7 +107,12 @@ def check_gpus_idle(gpus: Iterable[int] | None, own_pids: Iterable[int] = (), ex
             return Check("gpus_idle", "failed", f"reading GPU use through NVML failed: {exc}")
     if not uses:
         return Check("gpus_idle", "skipped", "no GPU on this node (NVML reports none)")
-    wanted = None if gpus is None else set(gpus)
+    co_tenanted = set(shared)
+    wanted = None if gpus is None else set(gpus) - co_tenanted
+    note = (f"; GPU(s) {','.join(map(str, sorted(co_tenanted)))} not checked: shared with this daemon's other "
+            "batch(es) under declared co-tenancy") if co_tenanted else ""
+    if wanted is not None and not wanted and co_tenanted:
+        return Check("gpus_idle", "skipped", note.removeprefix("; "))
     missing = sorted(wanted - {u.index for u in uses}) if wanted is not None else []
     problems = [f"GPU {i} does not exist on this node" for i in missing]
     for use in uses:
@@ -121,8 +128,8 @@ def check_gpus_idle(gpus: Iterable[int] | None, own_pids: Iterable[int] = (), ex
                             f"(more than {max_used_fraction:.0%})")
     checked = sorted(u.index for u in uses if wanted is None or u.index in wanted)
     if problems:
-        return Check("gpus_idle", "failed", "; ".join(problems))
-    return Check("gpus_idle", "ok", f"GPU(s) {','.join(map(str, checked))} idle")
+        return Check("gpus_idle", "failed", "; ".join(problems) + note)
+    return Check("gpus_idle", "ok", f"GPU(s) {','.join(map(str, checked))} idle{note}")
 
 
 def check_disk(path: Path, min_free_bytes: int = DEFAULT_MIN_FREE_DISK_BYTES) -> Check:
@@ -239,12 +246,12 @@ class Preflight:
     hub_cache: Path | None = None
 
     def run(self, backend: str | None = None, model: ModelSpec | None = None, gpus: Iterable[int] | None = None,
-            own_pids: Iterable[int] = ()) -> PreflightResult:
+            own_pids: Iterable[int] = (), shared: Iterable[int] = ()) -> PreflightResult:
         """``backend``/``model``: the batch's (None at join: only the node-wide checks run, vLLM only
         when an expected version was set). ``gpus``: the batch's GPU set (None: all)."""
         checks = [check_disk(self.workdir, self.min_free_disk_bytes)]
         if backend in (None, "vllm"):
-            checks.append(check_gpus_idle(gpus, own_pids, self.node_has_gpus, self.max_used_fraction))
+            checks.append(check_gpus_idle(gpus, own_pids, self.node_has_gpus, self.max_used_fraction, shared))
         if backend == "vllm" or (backend is None and self.vllm.expected):
             checks.append(self.vllm())
         if backend == "vllm" and model is not None:
@@ -263,8 +270,12 @@ class PreflightFailed(ServetuneError):
         self.result = result
 
 
-def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint) -> PreflightResult:
-    """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get."""
-    chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
+def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint,
+                    chosen: GPUSet | None = None, shared: Iterable[int] = ()) -> PreflightResult:
+    """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get
+    (``chosen``, as the daemon's slots gave it; None: the best set of its tensor_parallel_size,
+    which is None too on a CPU-only node or when the node has too few GPUs)."""
+    if chosen is None:
+        chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
     return preflight.run(grant.backend.kind, grant.model, chosen.gpus if chosen is not None else None,
-                         own_pids=[os.getpid()])
+                         own_pids=[os.getpid()], shared=shared)

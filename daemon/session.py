@@ -2,7 +2,7 @@
 
 :class:`DaemonSession` owns every protocol fact a daemon process keeps: its session nonce, the
 ``seq`` counter and when each recent seq was sent, whether the coordinator welcomed it, the
-heartbeat interval and lease TTL it learned, the leases it holds, the batch that runs, the
+heartbeat interval and lease TTL it learned, the leases it holds, the batches that run, the
 results not yet answered, and the timers (HELLO and READY retries, heartbeats, silence,
 reconnect back-off, coordinator lost). It does no I/O: no sockets, no threads, no clock. Each
 input takes ``now`` (seconds on a monotonic clock) and returns a list of instructions, which the
@@ -24,6 +24,13 @@ Inputs:
 
 Rules (the contract of :mod:`servetune.messages`, seen from the daemon):
 
+- **Slots.** Up to ``slots.capacity`` batches run at once (:mod:`daemon.slots`; the daemon
+  advertises it as ``max_concurrency``), each on its own GPU set. A READY goes only while a slot is
+  free and a single-GPU set would be free, saying how many in ``free_slots``. A granted batch whose
+  ``tensor_parallel_size`` finds no free set waits (its leases held and listed in every heartbeat,
+  so the coordinator renews them) until a running batch ends, oldest grant first; it is dropped if
+  its lease expires or is revoked first. No READY is sent while one waits.
+
 - **Sessions.** A new nonce on every HELLO (start, reconnect, REJOIN), stamped on every message
   sent, including results re-sent from an earlier session. A HELLO not answered is re-sent with
   the same nonce, with back-off. A REJOIN while a HELLO is already awaiting its WELCOME answers a
@@ -36,7 +43,7 @@ Rules (the contract of :mod:`servetune.messages`, seen from the daemon):
   send time of the seq it echoes plus its ``ttl_s`` (never shortening it). Every HEARTBEAT
   (every ``heartbeat_interval_s`` once welcomed, busy or idle) lists them all.
 - **Fencing.** A lease past its deadline drops every lease of its batch and their unanswered
-  results, and aborts that batch if it runs. A REVOKED lease is dropped; the running batch is
+  results, and aborts that batch if it runs. A REVOKED lease is dropped; its batch is
   aborted if the revoked trial had not submitted its result yet. A message for a lease not held
   is never sent: the daemon submits nothing for a trial it no longer holds.
 - **Results** are kept (re-stamped) until answered and re-sent after every WELCOME, and when
@@ -52,7 +59,7 @@ Rules (the contract of :mod:`servetune.messages`, seen from the daemon):
   or starved) does not count as coordinator silence: the daemon could not listen. Lease deadlines
   are absolute and still fence.
 - **Exit.** SHUTDOWN -> ``OK``, a stop request -> ``INTERRUPTED``, lost -> ``LOST_COORDINATOR``;
-  each aborts the running batch first and says BYE.
+  each aborts the running batches first and says BYE.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from daemon.gpusets import GPUSet
+from daemon.slots import SlotPool
 from servetune.exitcodes import ExitCode
 from servetune.messages import (
     Ack,
@@ -108,9 +117,14 @@ class Send:
 
 @dataclass(frozen=True)
 class StartBatch:
-    """Hand ``grant`` to the batch worker (it is idle: the session checked)."""
+    """Hand ``grant`` to an idle batch worker (one is: the session runs at most its slots' capacity)
+    with the GPU set it claimed (``gpu_set``: None on a CPU-only node, or all GPUs when it needs more
+    than the node has)."""
 
     grant: Grant
+    gpu_set: GPUSet | None = None
+    #: GPUs of the set another running batch uses (declared co-tenancy): its preflight skips them.
+    co_tenanted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,8 @@ class DaemonSession:
         policy: timings and bounds.
         nonce_factory: a fresh session nonce per call (a valid wire id).
         rng: uniform floats in [0, 1), for the reconnect jitter.
+        slots: the daemon's slots and GPU sets (:mod:`daemon.slots`); default: one slot on the
+            fingerprint's GPUs with ``capabilities.max_concurrency`` asked, no co-tenancy.
     """
 
     def __init__(
@@ -213,6 +229,7 @@ class DaemonSession:
         policy: SessionPolicy | None = None,
         nonce_factory: Callable[[], str] = _new_nonce,
         rng: Callable[[], float] = random.random,
+        slots: SlotPool | None = None,
     ) -> None:
         self.daemon_id = daemon_id
         self.pid = pid
@@ -225,7 +242,10 @@ class DaemonSession:
         self.welcomed = False
         self.heartbeat_interval_s = self.policy.default_heartbeat_s
         self.lease_ttl_s = self.policy.default_lease_ttl_s
-        self.running_batch: str | None = None
+        self.slots = slots or SlotPool.for_fingerprint(capabilities.fingerprint, capabilities.max_concurrency)
+        #: Batches handed to a worker (by id, with their GPU claim), and those granted that wait for GPUs.
+        self.running: dict[str, GPUSet | None] = {}
+        self.waiting: list[Grant] = []
         self.exited = False
         self._leases: dict[LeaseRef, HeldLease] = {}
         self._unanswered: OrderedDict[str, Result] = OrderedDict()
@@ -252,6 +272,16 @@ class DaemonSession:
         self.out_of_service: str | None = capabilities.out_of_service
 
     # ------------------------------------------------------------------ read-only views
+
+    @property
+    def running_batch(self) -> str | None:
+        """The batch running (the oldest, when several run); None when none does."""
+        return next(iter(self.running), None)
+
+    @property
+    def free_slots(self) -> int:
+        """Batches more this daemon could start now (0 while a granted one waits for GPUs)."""
+        return 0 if self.waiting else self.slots.free_slots()
 
     @property
     def connected(self) -> bool:
@@ -396,15 +426,16 @@ class DaemonSession:
         if self.exited:
             return []
         out: list[Instruction] = []
-        if self.running_batch == batch_id:
-            self.running_batch = None
+        if batch_id in self.running:
+            del self.running[batch_id]
+            self.slots.release(batch_id)
         orphans = [ref for ref, lease in self._leases.items() if lease.batch_id == batch_id and not lease.submitted]
         for ref in orphans:
             del self._leases[ref]
         if orphans:
             out.append(Log(logging.INFO, f"batch {batch_id} ended without a result for {_trials(orphans)}; "
                                          "their leases are released"))
-        return out + self._maybe_ready(now)
+        return out + self._start_waiting() + self._maybe_ready(now)
 
     def set_out_of_service(self, reason: str | None, now: float) -> list[Instruction]:
         """A preflight failed (``reason``) or passed again (None): no READY is sent while out of
@@ -454,8 +485,12 @@ class DaemonSession:
             self._answered_seq = max(self._answered_seq, grant.seq)  # answered, whether taken or refused
         if not self.welcomed:
             return [Log(logging.WARNING, f"GRANT {grant.batch_id} refused: it answers a READY of an earlier session")]
-        if self.running_batch is not None:
-            return [Log(logging.ERROR, f"GRANT {grant.batch_id} refused: busy with batch {self.running_batch}")]
+        if grant.batch_id in self.running or any(w.batch_id == grant.batch_id for w in self.waiting):
+            return [Log(logging.WARNING, f"GRANT {grant.batch_id} ignored: already granted")]
+        if len(self.running) + len(self.waiting) >= self.slots.capacity:
+            busy = ", ".join([*self.running, *(w.batch_id for w in self.waiting)])
+            return [Log(logging.ERROR, f"GRANT {grant.batch_id} refused: busy with batch {busy} "
+                                       f"(all {self.slots.capacity} slot(s))")]
         if grant.seq in self._ready_seqs:
             since: float | None = self._seq_sent.get(grant.seq)
         else:  # a GRANT that names no READY of this session: from the earliest one unanswered
@@ -468,13 +503,41 @@ class DaemonSession:
                                          f"(ttl {grant.ttl_s:g} s from the READY sent {now - since:.1f} s ago)")]
         self._ready_since = None
         self._ready_seqs.clear()
-        self.running_batch = grant.batch_id
         for trial in grant.trials:
             ref = LeaseRef(trial_id=trial.trial_id, epoch=trial.attempt)
             self._leases[ref] = HeldLease(ref=ref, batch_id=grant.batch_id, deadline=deadline)
+        self.waiting.append(grant)
         return [Log(logging.INFO, f"granted batch {grant.batch_id}: {len(grant.trials)} trial(s), "
                                   f"config {grant.config.label()}"),
-                StartBatch(grant)]
+                *self._start_waiting()]
+
+    def _start_waiting(self) -> list[Instruction]:
+        """Start the granted batches waiting for GPUs, oldest first, while each finds a free set
+        (a batch that finds none waits, and so do those granted after it: no overtaking, so a
+        batch needing many GPUs is not starved by smaller ones)."""
+        out: list[Instruction] = []
+        while self.waiting and not self.exited:
+            grant = self.waiting[0]
+            claim = self.slots.claim(grant.batch_id, grant.config.args.tensor_parallel_size)
+            if claim is None:
+                out.append(Log(logging.INFO, f"batch {grant.batch_id} waits for "
+                                             f"{grant.config.args.tensor_parallel_size or 1} free GPU(s): "
+                                             f"batch(es) {', '.join(self.running)} hold them"))
+                break
+            self.waiting.pop(0)
+            self.running[grant.batch_id] = claim.gpu_set
+            where = (f"GPUs {claim.gpu_set.cuda_visible_devices}{' (shared: co-tenancy)' if claim.shared else ''}"
+                     if claim.gpu_set is not None else "this node's devices")
+            out += [Log(logging.INFO, f"starting batch {grant.batch_id} on {where}"),
+                    StartBatch(grant, claim.gpu_set, claim.co_tenanted)]
+        return out
+
+    def _drop_waiting(self, batch_id: str) -> bool:
+        """Forget granted batch ``batch_id`` that waits for GPUs (fenced before it started)."""
+        kept = [w for w in self.waiting if w.batch_id != batch_id]
+        dropped = len(kept) != len(self.waiting)
+        self.waiting = kept
+        return dropped
 
     def _on_renewed(self, msg: Renewed) -> list[Instruction]:
         sent = self._seq_sent.get(msg.seq)
@@ -488,7 +551,7 @@ class DaemonSession:
 
     def _on_revoked(self, msg: Revoked) -> list[Instruction]:
         out: list[Instruction] = []
-        fence = False
+        fenced: list[str] = []
         dropped: list[LeaseRef] = []
         unsubmitted = False
         for ref in msg.leases:
@@ -498,13 +561,19 @@ class DaemonSession:
             dropped.append(ref)
             self._drop_results({ref})
             unsubmitted = unsubmitted or not lease.submitted
-            fence = fence or (lease.batch_id == self.running_batch and not lease.submitted)
+            if not lease.submitted and lease.batch_id not in fenced:
+                fenced.append(lease.batch_id)
         if dropped:
             # a submitted result's lease revoked is routine (a heartbeat crossed its ACK)
             level = logging.WARNING if unsubmitted else logging.INFO
             out.append(Log(level, f"coordinator revoked {_trials(dropped)}: {msg.reason}"))
-        if fence and self.running_batch is not None:
-            out.append(AbortBatch(self.running_batch, f"lease revoked: {msg.reason}"))
+        for batch_id in fenced:
+            if batch_id in self.running:
+                out.append(AbortBatch(batch_id, f"lease revoked: {msg.reason}"))
+            elif self._drop_waiting(batch_id):  # never started: its other leases go with it
+                for ref in [r for r, lease in self._leases.items() if lease.batch_id == batch_id]:
+                    del self._leases[ref]
+                out.append(Log(logging.WARNING, f"batch {batch_id} dropped before it started: lease revoked"))
         return out
 
     def _on_answer(self, msg: Ack | Stale | Conflict) -> list[Instruction]:
@@ -554,8 +623,8 @@ class DaemonSession:
         return [Log(logging.INFO if not resend else logging.DEBUG, text), Send(hello)]
 
     def _maybe_ready(self, now: float) -> list[Instruction]:
-        if (not self._can_send() or self.running_batch is not None or now < self._next_ready
-                or self.out_of_service is not None):
+        free = self.free_slots
+        if not self._can_send() or free < 1 or now < self._next_ready or self.out_of_service is not None:
             return []
         if self._ready_since is not None and self._ready_last is not None:
             if now - self._ready_last < self.retry_after_s:
@@ -565,7 +634,7 @@ class DaemonSession:
         self._ready_last = self.last_ready_sent_at = now
         seq = self._next_seq(now)
         self._ready_seqs.add(seq)
-        return [Send(Ready(session_nonce=self.nonce, seq=seq, answered_seq=self._answered_seq, free_slots=1,
+        return [Send(Ready(session_nonce=self.nonce, seq=seq, answered_seq=self._answered_seq, free_slots=free,
                            held=self.held(now)))]
 
     def _resend_results(self, now: float) -> list[Instruction]:
@@ -606,8 +675,10 @@ class DaemonSession:
             self._drop_results(refs)
             out.append(Log(logging.WARNING, f"{FENCE_EXPIRED}: {_trials(expired)} of batch {batch_id}; "
                                             f"fencing: {len(refs)} lease(s) dropped, nothing more is submitted"))
-            if batch_id == self.running_batch:
+            if batch_id in self.running:
                 out.append(AbortBatch(batch_id, FENCE_EXPIRED))
+            elif self._drop_waiting(batch_id):
+                out.append(Log(logging.WARNING, f"batch {batch_id} dropped before it started (it waited for GPUs)"))
         return out
 
     def _drop_results(self, refs: set[LeaseRef]) -> None:
@@ -617,7 +688,7 @@ class DaemonSession:
 
     def _bound_results(self) -> list[Instruction]:
         """Results of finished batches beyond ``kept_results``: the oldest go, with their leases."""
-        finished = [sid for sid, r in self._unanswered.items() if r.batch_id != self.running_batch]
+        finished = [sid for sid, r in self._unanswered.items() if r.batch_id not in self.running]
         out: list[Instruction] = []
         for sid in finished[: max(0, len(finished) - self.policy.kept_results)]:
             result = self._unanswered.pop(sid)
@@ -641,8 +712,8 @@ class DaemonSession:
         self.exited = True
         out: list[Instruction] = [Log(logging.INFO if code == ExitCode.OK else logging.WARNING,
                                       f"exiting ({code.name}): {reason}")]
-        if self.running_batch is not None:
-            out.append(AbortBatch(self.running_batch, f"daemon exiting: {reason}"))
+        for batch_id in self.running:
+            out.append(AbortBatch(batch_id, f"daemon exiting: {reason}"))
         if self._connected and self.nonce:
             out.append(Send(Bye(session_nonce=self.nonce, reason=reason[:1000])))
         out.append(Exit(code, reason))
