@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.breaker import BreakerBoard, BreakerChanged, Drained, ServiceWatch, drain_reason
-from coordinator.fleet import FleetSettings
+from coordinator.fleet import FleetSettings, merge_groups
 from coordinator.leases import BatchWork, Lease, LeaseTable
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from coordinator.retries import RetryEvent, RetryLedger
@@ -255,8 +255,10 @@ class ControlCore:
         check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
         #: Work waiting, one queue per hardware class; who may take it when: :mod:`coordinator.policy`.
         self.queue = ClassQueues(self.work)
-        self.policy = FleetPolicy(self.settings.groups, shared_endpoint(self.spec.backend), self.clock,
-                                  turn_wait_s=2 * self.settings.heartbeat_interval_s)
+        hw = self.spec.hardware
+        self.policy = FleetPolicy(merge_groups(self.settings.groups, hw.groups if hw else ()),
+                                  shared_endpoint(self.spec.backend), self.clock,
+                                  turn_wait_s=2 * self.settings.heartbeat_interval_s, co_tenancy=bool(hw and hw.co_tenancy))
         self.leases = LeaseTable()
         self.targets = TargetBook(self.spec.hardware)  # which daemons measure this spec (coordinator.targets)
         self.daemons: dict[str, DaemonSession] = {}
@@ -550,7 +552,7 @@ class ControlCore:
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         caps = msg.capabilities
         joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,
-                                  caps.group_max_concurrency)
+                                  caps.group_max_concurrency, devices=len(fp.gpus))
         out += [Notice(logging.INFO, note) for note in joined.notes]
         if caps.out_of_service:  # its preflight failed (daemon.preflight): it asks for no work until it passes
             out.append(Notice(logging.WARNING, f"daemon {daemon_id} is out of service: {caps.out_of_service}"))
@@ -656,6 +658,7 @@ class ControlCore:
             batch_id=work.batch_id, epoch=max(attempts.values()), ttl_s=self.settings.lease_ttl_s, seq=ready_seq,
             model=self.spec.model, backend=self.spec.backend, budgets=self.spec.budgets, config=work.batch.config,
             trials=[GrantedTrial(trial_id=m.trial_id, attempt=attempts[m.trial_id], manifest=m) for m in work.trials],
+            co_tenancy=self.policy.co_tenancy,
         )
         return [*self.breaker.granted(d.daemon_id, now), BeginAttempts(d.daemon_id, work.batch_id, attempts),
                 Send(d.daemon_id, grant)]

@@ -30,7 +30,11 @@ groups                     []        resource groups (:mod:`coordinator.policy`)
                                      (the tightest limit the group or a member's HELLO declares;
                                      1 when none does) and take turns round-robin. An ``openai``
                                      endpoint that is not loopback is such a group on its own
-                                     (``endpoint:URL``) for every daemon no group here names
+                                     (``endpoint:URL``) for every daemon no group here names.
+                                     The spec may declare groups too (``hardware.groups``,
+                                     same shape): merged with these (:func:`merge_groups`;
+                                     a group named in both: both lists of daemons, the
+                                     tightest limit)
 clock_probe_every_s        300.0     how often each daemon's clock offset is estimated again
                                      (Cristian's algorithm, coordinator/clock.py; also when it
                                      joins); the estimates go to ``runs/<name>/clock.json``
@@ -46,32 +50,45 @@ A daemon's own limit, ``max_concurrency`` (default 1), and optionally its ``grou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servetune.errors import SpecError, SpecIssue
+from servetune.hardware import GROUP_NAME, ResourceGroup, groups_problem  # noqa: F401 (GROUP_NAME: re-exported)
 
 DEFAULT_FLEET_PORT = 5555
 DEFAULT_FLEET_BIND = f"tcp://0.0.0.0:{DEFAULT_FLEET_PORT}"
 LOCAL_BIND = "tcp://127.0.0.1:0"
 
 
-#: A group name: a short label, no ``:`` (``endpoint:URL`` names the implicit group of a shared endpoint).
-GROUP_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: One resource group of the fleet file (the same model as the spec's ``hardware.groups``).
+GroupSettings = ResourceGroup
 
 
-class GroupSettings(BaseModel):
-    """One resource group of the fleet file; unknown keys are refused."""
+def merge_groups(fleet: Sequence[GroupSettings], spec: Sequence[GroupSettings]) -> tuple[GroupSettings, ...]:
+    """The resource groups of a sweep: the fleet file's, then the spec's (``hardware.groups``).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=GROUP_NAME)
-    daemons: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(min_length=1, max_length=1024)
-    #: None: not declared here (a member's HELLO may declare it; 1 when nothing does).
-    group_max_concurrency: int | None = Field(None, ge=1, le=1024)
+    A group named in both is one group: the fleet file's daemons, then the spec's, and the tightest
+    ``group_max_concurrency`` either gives (None when neither does). Raises :class:`SpecError` when
+    the merged groups cannot stand together (a daemon id named by two groups)."""
+    spec_by_name = {g.name: g for g in spec}
+    merged: list[GroupSettings] = []
+    for g in fleet:
+        other = spec_by_name.pop(g.name, None)
+        if other is not None:
+            limits = [x for x in (g.group_max_concurrency, other.group_max_concurrency) if x is not None]
+            daemons = [*g.daemons, *(d for d in other.daemons if d not in g.daemons)]
+            g = GroupSettings(name=g.name, daemons=daemons, group_max_concurrency=min(limits) if limits else None)
+        merged.append(g)
+    merged += [g for g in spec if g.name in spec_by_name]
+    problem = groups_problem(merged, "groups (the fleet file's and the spec's hardware.groups together)")
+    if problem:
+        raise SpecError("resource groups", [SpecIssue("hardware.groups", problem)])
+    return tuple(merged)
 
 
 class FleetSettings(BaseModel):
@@ -95,18 +112,9 @@ class FleetSettings(BaseModel):
 
     @model_validator(mode="after")
     def _groups_distinct(self) -> FleetSettings:
-        names = [g.name for g in self.groups]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"groups: the name {twice[0]!r} is declared more than once")
-        owner: dict[str, str] = {}
-        for g in self.groups:
-            for d in g.daemons:
-                if not any(c in d for c in "*?["):
-                    if d in owner and owner[d] != g.name:
-                        raise ValueError(f"groups: daemon {d!r} is named by groups {owner[d]!r} and {g.name!r}; "
-                                         "a daemon is in one group")
-                    owner[d] = g.name
+        problem = groups_problem(self.groups)
+        if problem:
+            raise ValueError(problem)
         return self
 
     #: Circuit breaker (coordinator.breaker): N consecutive transport failures open it; the cool-down.

@@ -11,12 +11,15 @@ endpoint) measure each other's load. Contract:
   No batch ever moves to another class: :meth:`ClassQueues.take` serves a class its own queue,
   then the unpinned one, nothing else.
 - **Slots**: a daemon holds at most ``max_concurrency`` batches at once (advertised in its HELLO,
-  default 1). A batch counts against it from its GRANT until its lease ends *and* the daemon has
+  default 1). Unless the spec declares co-tenancy (``hardware.co_tenancy``), that is capped at one
+  batch per device (its GPUs; one on a CPU-only node): a daemon whose owner allows sharing a
+  device (``daemon start --co-tenancy``) is given no more than it can run without sharing. A batch counts against it from its GRANT until its lease ends *and* the daemon has
   said READY since (its server stopped, it is idle), or the daemon leaves.
 - **Resource groups**: daemons that share hardware or one endpoint form a group (declared in the
   fleet file's ``groups``, or by the daemon's own ``group``); between them they hold at most
   ``group_max_concurrency`` batches at once: the tightest limit any declaration (the fleet file's
-  group, any member's HELLO) gives wins, 1 when none gives one. An ``openai`` backend whose
+  group, the spec's ``hardware.groups`` (merged with the fleet file's: :func:`coordinator.fleet.merge_groups`),
+  any member's HELLO) gives wins, 1 when none gives one. An ``openai`` backend whose
   ``base_url`` is not loopback is one shared endpoint: every daemon measuring it is in the implicit
   group ``endpoint:<scheme>://<host>:<port>`` unless it is declared into another group (a loopback
   ``base_url`` is each node's own server: no group). A daemon is in at most one group: the first
@@ -176,11 +179,15 @@ class FleetPolicy:
         endpoint_group: the implicit group of a shared endpoint (:func:`shared_endpoint`), or None.
         clock: monotonic seconds (injected; tests pass a fake).
         turn_wait_s: how long a member's READY keeps its turn (longer than its READY interval).
+        co_tenancy: the spec declares co-tenancy (``hardware.co_tenancy``); without it a member that
+            says how many devices it has (:meth:`join`'s ``devices``) holds at most one batch per device.
     """
 
     def __init__(self, groups: Sequence[GroupSettings] = (), endpoint_group: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, turn_wait_s: float = 2.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, turn_wait_s: float = 2.0,
+                 co_tenancy: bool = False) -> None:
         self.declared = tuple(groups)
+        self.co_tenancy = co_tenancy
         self.endpoint_group = endpoint_group
         self.clock = clock
         self.turn_wait_s = turn_wait_s
@@ -190,11 +197,18 @@ class FleetPolicy:
     # ------------------------------------------------------------------ membership
 
     def join(self, daemon_id: str, hardware_class: str, max_concurrency: int = 1, group: str | None = None,
-             group_max_concurrency: int | None = None) -> Joined:
+             group_max_concurrency: int | None = None, devices: int | None = None) -> Joined:
         """A daemon said HELLO (a new session replaces the old: nothing of it is running but the
-        leases it adopts, which count through ``live``)."""
+        leases it adopts, which count through ``live``). ``devices``: its GPUs (0: a CPU-only node,
+        one device); None: unknown, ``max_concurrency`` is taken as it is."""
         self.leave(daemon_id)
         notes: list[str] = []
+        if devices is not None and not self.co_tenancy and max_concurrency > max(1, devices):
+            cap = max(1, devices)
+            notes.append(f"daemon {daemon_id} offers {max_concurrency} slots, sharing its {cap} device(s) (its owner "
+                         f"allows co-tenancy); the spec does not declare hardware.co_tenancy: it is given at most "
+                         f"{cap} batch(es) at a time, one per device")
+            max_concurrency = cap
         matches = [g.name for g in self.declared if any(fnmatchcase(daemon_id, p) for p in g.daemons)]
         if len(matches) > 1:
             notes.append(f"daemon {daemon_id} matches fleet groups {', '.join(matches)}: it joins {matches[0]}, "

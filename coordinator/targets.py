@@ -6,7 +6,8 @@ once per target and pinned to it (:class:`coordinator.leases.BatchWork`). The ru
 - **Admission.** A daemon is given work when its hardware class (``daemon/fingerprint.py``) is a
   class target, matches a filter target (below), or is a class some target declares it may fail
   over to (``failover_to``). Any other daemon is refused work, with the reason, when it says HELLO
-  (:meth:`TargetBook.admit`). With no ``hardware`` section every daemon is admitted, as before.
+  (:meth:`TargetBook.admit`). With no ``hardware`` section, or one that names no targets, every
+  daemon is admitted, as before.
 - **Filters bind to one class.** A filter target is measured on exactly one hardware class per
   sweep: the class of the first daemon to join that matches it. Its batches wait, pinned to
   ``filter:<name>`` (no class can equal it), until then, and are pinned to that class from then on
@@ -87,7 +88,7 @@ class TargetBook:
         """Whether the daemon of ``fp`` may be given work; binds every unbound filter it matches to
         its class and re-pins that filter's ``queue`` and ``leases`` (see the module docstring).
         ``who`` names the session (daemon and nonce): its refusal is marked ``repeated`` after the first."""
-        if self.hardware is None:
+        if self.hardware is None or not self.hardware.targets:
             return Admission()
         cls = fp.hardware_class
         matched = False

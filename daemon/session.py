@@ -518,7 +518,7 @@ class DaemonSession:
         out: list[Instruction] = []
         while self.waiting and not self.exited:
             grant = self.waiting[0]
-            claim = self.slots.claim(grant.batch_id, grant.config.args.tensor_parallel_size)
+            claim = self.slots.claim(grant.batch_id, grant.config.args.tensor_parallel_size, grant.co_tenancy)
             if claim is None:
                 out.append(Log(logging.INFO, f"batch {grant.batch_id} waits for "
                                              f"{grant.config.args.tensor_parallel_size or 1} free GPU(s): "

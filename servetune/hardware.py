@@ -14,6 +14,20 @@ hardware class:
 experiment declares interchangeable with it, in order of preference: only there may the
 trials of a target with no daemon in service move (:func:`coordinator.targets.failover_work`).
 
+``co_tenancy: true`` declares that two batches of this experiment may share one device (a GPU, or
+a CPU-only node) on one daemon; without it a daemon runs at most one batch per device, whatever it
+offers. It is carried to the daemon in every GRANT (``Grant.co_tenancy``), and the node's owner
+must allow it too (``daemon start --co-tenancy``): a device is shared only where both do.
+
+``groups`` declares resource groups (``{name, daemons, group_max_concurrency}``, the shape of the
+fleet file's ``groups``: :mod:`coordinator.fleet`): daemons that share hardware or one endpoint and
+hold at most ``group_max_concurrency`` batches between them (1 when none is given). They are
+merged with the fleet file's (:func:`coordinator.fleet.merge_groups`): a group named in both gets
+the daemons of both and the tightest limit either gives.
+
+``targets`` may be left out (a section with only ``co_tenancy`` or ``groups``): then, as with no
+section, every class is measured and no manifest changes.
+
 With no ``hardware`` section the experiment measures whatever class takes each batch, as before,
 and no manifest, trial id or spec hash changes. With a section, every (config, load point,
 repeat) is planned once per target and the target is part of each trial's manifest
@@ -24,9 +38,10 @@ filter as ``filter:<name>``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 HARDWARE_CLASS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}$")
 #: How a filter target is named in a manifest (and pinned until a class matching it joins): a
@@ -105,16 +120,63 @@ class HardwareTarget(BaseModel):
         return self.hardware_class if self.hardware_class is not None else str(self.name)
 
 
+#: A resource group's name: a short label, no ``:`` (``endpoint:URL`` names a shared endpoint's implicit group).
+GROUP_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def _is_pattern(daemon: str) -> bool:
+    return any(c in daemon for c in "*?[")
+
+
+def groups_problem(groups: Sequence[ResourceGroup], where: str = "groups") -> str | None:
+    """Why ``groups`` cannot stand together (a name twice, a daemon id named by two groups), or None."""
+    names = [g.name for g in groups]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"{where}: the name {twice[0]!r} is declared more than once"
+    owner: dict[str, str] = {}
+    for g in groups:
+        for d in g.daemons:
+            if not _is_pattern(d):
+                if d in owner and owner[d] != g.name:
+                    return f"{where}: daemon {d!r} is named by groups {owner[d]!r} and {g.name!r}; a daemon is in one group"
+                owner[d] = g.name
+    return None
+
+
+class ResourceGroup(BaseModel):
+    """One resource group (the spec's ``hardware.groups`` or the fleet file's ``groups``); unknown keys
+    are refused. ``daemons``: ids or ``fnmatch`` patterns; ``group_max_concurrency`` None: not declared
+    here (a member's HELLO may declare it; 1 when nothing does)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=GROUP_NAME)
+    daemons: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(min_length=1, max_length=1024)
+    group_max_concurrency: int | None = Field(None, ge=1, le=1024)
+
+
 class HardwareSpec(BaseModel):
-    """The ``hardware`` section: ``targets`` (at least one) and the declared ``failover_to``."""
+    """The ``hardware`` section: ``targets`` (none: any class), the declared ``failover_to``,
+    ``co_tenancy`` and resource ``groups``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    targets: list[HardwareTarget] = Field(min_length=1, max_length=64)
+    targets: list[HardwareTarget] = Field(default_factory=list, max_length=64)
     failover_to: dict[Annotated[str, StringConstraints(min_length=1, max_length=200)], Annotated[list[HardwareClassName], Field(min_length=1, max_length=16)]] = Field(
         default_factory=dict,
         description="target (class or filter name) -> hardware classes declared interchangeable with it, preferred first",
     )
+    co_tenancy: bool = Field(False, description="two batches may share one device of a daemon (where its owner allows)")
+    groups: list[ResourceGroup] = Field(default_factory=list, max_length=256,
+                                        description="resource groups, merged with the fleet file's")
+
+    @field_validator("targets")
+    @classmethod
+    def _targets_given(cls, value: list[HardwareTarget]) -> list[HardwareTarget]:
+        if not value:  # (left out, the default is not validated: any class)
+            raise ValueError("give at least 1 target, or leave targets out to measure any class")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> HardwareSpec:
@@ -130,6 +192,9 @@ class HardwareSpec(BaseModel):
             for i, c in enumerate(classes):
                 if classes.index(c) != i:
                     raise ValueError(f"failover_to.{source}: {c!r} is listed twice")
+        problem = groups_problem(self.groups)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def labels(self) -> list[str]:

@@ -389,7 +389,7 @@ def plan_configs(
                 ordered.append(make_batch(bl_config, bl_lps, 0, run))
         run += 1
         ordered.append(make_batch(bl_config, bl_lps, 0, run))
-    targets: list[str | None] = list(spec.hardware.labels()) if spec.hardware is not None else [None]
+    targets: list[str | None] = list(spec.hardware.labels() if spec.hardware is not None else []) or [None]
     batches = tuple(
         PlannedBatch(index=i, config=b.config, trials=for_target(b.trials, target), is_baseline=b.is_baseline)
         for i, (b, target) in enumerate((b, t) for b in ordered for t in targets)

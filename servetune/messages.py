@@ -219,6 +219,9 @@ class Grant(_Msg):
     budgets: Budgets
     config: EngineConfig
     trials: list[GrantedTrial] = Field(min_length=1, max_length=MAX_LEASES)
+    #: The spec declares co-tenancy (``hardware.co_tenancy``): this batch may share a device with
+    #: another of the daemon's batches, where its owner allows that too (``daemon start --co-tenancy``).
+    co_tenancy: bool = False
 
     @model_validator(mode="before")
     @classmethod

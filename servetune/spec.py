@@ -722,7 +722,7 @@ class ExperimentSpec(StrictModel):
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None, "backend.profile": None,
                                          "backend.model_shape": None, "backend.noise": None,
-                                         "hardware": None}
+                                         "hardware": None, "hardware.co_tenancy": False, "hardware.groups": []}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}

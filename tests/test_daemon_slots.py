@@ -98,14 +98,45 @@ def test_without_co_tenancy_one_batch_per_gpu_and_one_on_a_cpu_node(four_gpus: F
 def test_co_tenancy_shares_a_device_only_where_declared(four_gpus: Fingerprint) -> None:
     cpu = SlotPool.for_fingerprint(FP, max_concurrency=3, co_tenancy=True)
     assert cpu.capacity == 3
-    assert all(cpu.claim(b, None) is not None for b in ("b1", "b2", "b3")) and cpu.free_slots() == 0
+    assert all(cpu.claim(b, None, co_tenancy=True) is not None for b in ("b1", "b2", "b3")) and cpu.free_slots() == 0
     gpus = SlotPool.for_fingerprint(four_gpus, max_concurrency=2, co_tenancy=True)
-    assert gpus.claim("b1", 3) is not None
-    shared = gpus.claim("b2", 3)
+    assert gpus.claim("b1", 3, co_tenancy=True) is not None
+    shared = gpus.claim("b2", 3, co_tenancy=True)
     assert shared is not None and shared.shared, "too few free GPUs: shared, and marked so"
     assert shared.co_tenanted == shared.gpus, "the best 3-GPU set again: all 3 held by b1"
     disjoint = SlotPool.for_fingerprint(four_gpus, max_concurrency=2)
-    assert disjoint.claim("b1", 3) is not None and disjoint.claim("b2", 3) is None
+    assert disjoint.claim("b1", 3, co_tenancy=True) is not None and disjoint.claim("b2", 3, co_tenancy=True) is None
+
+
+def test_co_tenancy_needs_the_owner_and_the_spec(four_gpus: Fingerprint) -> None:
+    """The owner allows it (``--co-tenancy``) but the GRANT does not declare it (the spec's
+    ``hardware.co_tenancy``): no device is shared, and the node's free slots say so."""
+    cpu = SlotPool.for_fingerprint(FP, max_concurrency=2, co_tenancy=True)
+    assert cpu.claim("b1", None) is not None and cpu.free_slots() == 0
+    assert cpu.claim("b2", None) is None and cpu.claim("b2", None, co_tenancy=True) is None, (
+        "b1 was granted without co-tenancy: nothing shares its device")
+    cpu.release("b1")
+    assert cpu.claim("b3", None, co_tenancy=True) is not None and cpu.claim("b4", None) is None, (
+        "b4's grant does not declare it: it does not join b3 on the device")
+    gpus = SlotPool.for_fingerprint(four_gpus, max_concurrency=2, co_tenancy=True)
+    assert gpus.claim("b1", 3) is not None and gpus.claim("b2", 3) is None
+    assert gpus.claim("b2", 1) is not None, "a free GPU is not sharing: it is granted"
+
+
+def test_a_session_shares_the_device_only_for_grants_that_declare_it() -> None:
+    d = session_on(FP, max_concurrency=2, co_tenancy=True)
+    d.answer = "renew"
+    assert started(d.message(grant(batch_id="b1", trials=("t1",)))) == {"b1": None}
+    d.until(1.0)
+    out = d.message(grant(batch_id="b2", trials=("t2",)))
+    assert not only(out, StartBatch), "the spec did not declare co-tenancy: b2 waits for b1's device"
+    assert started(d.feed(d.s.on_batch_done("b1", d.now))) == {"b2": None}
+    d2 = session_on(FP, max_concurrency=2, co_tenancy=True)
+    d2.answer = "renew"
+    declared = grant(batch_id="b1", trials=("t1",)).model_copy(update={"co_tenancy": True})
+    assert started(d2.message(declared)) == {"b1": None}
+    d2.until(1.0)
+    assert started(d2.message(declared.model_copy(update={"batch_id": "b2"}))) == {"b2": None}
 
 
 def test_preflight_skips_only_the_gpus_a_co_tenant_of_this_daemon_holds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,9 +237,13 @@ def overlapped_s(log: Iterable[Any], slack_s: float = 0.005) -> float:
     return total
 
 
-def run_one_daemon(tmp: Path, server: FakeOpenAIServer, *flags: str) -> tuple[float, str]:
+CO_TENANCY = "hardware: {co_tenancy: true}\n"
+
+
+def run_one_daemon(tmp: Path, server: FakeOpenAIServer, *flags: str, spec_extra: str = "") -> tuple[float, str, str]:
+    """The seconds two of the endpoint's requests overlapped, the daemon's log and the coordinator's."""
     fleet = Fleet(tmp, server.base_url)
-    fleet.spec.write_text(SERIAL_SPEC.format(name=fleet.name, url=server.base_url))
+    fleet.spec.write_text(SERIAL_SPEC.format(name=fleet.name, url=server.base_url) + spec_extra)
     try:
         fleet.start_coordinator()
         fleet.start_daemon("d1", None, *flags)
@@ -222,17 +257,22 @@ def run_one_daemon(tmp: Path, server: FakeOpenAIServer, *flags: str) -> tuple[fl
     assert fleet.ok_count() == 4
     requests = list(server.fake.request_log)
     assert len(requests) >= 48 and all(r.status == 200 for r in requests)
-    return overlapped_s(requests), daemon_log
+    return overlapped_s(requests), daemon_log, log
 
 
-@pytest.mark.timeout(200)
-def test_one_daemon_runs_two_batches_at_once_only_with_slots_and_co_tenancy(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_one_daemon_runs_two_batches_at_once_only_where_spec_and_owner_declare_co_tenancy(tmp_path: Path) -> None:
     with FakeOpenAIServer(token_delay_ms=4.0, ttft_ms=5.0) as server:
-        together, log = run_one_daemon(tmp_path / "two", server, "--max-concurrency", "2", "--co-tenancy")
+        together, log, _ = run_one_daemon(tmp_path / "two", server, "--max-concurrency", "2", "--co-tenancy",
+                                          spec_extra=CO_TENANCY)
     assert together > 0.2, f"two batches measured at once on one daemon ({together:.3f} s overlapped)"
     assert "(shared: co-tenancy)" not in log  # a CPU-only node: no GPU set, the node's one device
     with FakeOpenAIServer(token_delay_ms=4.0, ttft_ms=5.0) as server:
-        alone, log = run_one_daemon(tmp_path / "one", server, "--max-concurrency", "2")
+        owner_only, _, coord = run_one_daemon(tmp_path / "owner", server, "--max-concurrency", "2", "--co-tenancy")
+    assert owner_only < 0.05, f"the spec does not declare co-tenancy: one batch at a time ({owner_only:.3f} s overlapped)"
+    assert "the spec does not declare hardware.co_tenancy" in coord
+    with FakeOpenAIServer(token_delay_ms=4.0, ttft_ms=5.0) as server:
+        alone, log, _ = run_one_daemon(tmp_path / "one", server, "--max-concurrency", "2", spec_extra=CO_TENANCY)
     assert alone < 0.05, f"without --co-tenancy a CPU-only node is one slot ({alone:.3f} s overlapped)"
     assert "runs 1 batch(es) at once" in log
 

@@ -19,9 +19,10 @@ from coordinator.fleet import FleetSettings, GroupSettings, fleet_settings
 from coordinator.leases import BatchWork
 from coordinator.policy import ClassQueues, FleetPolicy, shared_endpoint
 from servetune.errors import SpecError
+from servetune.hardware import HardwareSpec
 from servetune.manifest import plan_grid
 from servetune.messages import Capabilities, Grant, Hello, NoWork, Ready
-from servetune.spec import BackendSpec, parse_spec
+from servetune.spec import BackendSpec, ExperimentSpec, parse_spec
 from tests.test_control import SETTINGS, Clock, fingerprint, result, sent, spec, work
 
 
@@ -288,22 +289,40 @@ def test_control_core_grants_a_group_one_batch_at_a_time_in_turns() -> None:
     assert [i.daemon_id for i in out if isinstance(getattr(i, "msg", None), Grant)] == ["d2"]
 
 
+def co_tenant_spec(declared: bool = True) -> ExperimentSpec:
+    return spec().model_copy(update={"hardware": HardwareSpec(co_tenancy=True) if declared else None})
+
+
 def test_control_core_answers_no_work_to_a_busy_daemon_and_grants_a_second_slot() -> None:
     clock = Clock()
-    c = ControlCore(spec=spec(), work=work(), settings=SETTINGS, clock=clock)
-    c.handle("d1", hello("d1", "n1", max_concurrency=2))
+    c = ControlCore(spec=co_tenant_spec(), work=work(), settings=SETTINGS, clock=clock)
+    c.handle("d1", hello("d1", "n1", max_concurrency=2))  # a CPU-only node offering 2: its owner allows co-tenancy
     g = sent(c.handle("d1", Ready(session_nonce="n1", seq=1)), Grant)[0]
-    assert isinstance(g, Grant)
+    assert isinstance(g, Grant) and g.co_tenancy, "the spec's declaration travels in the GRANT"
     held = [{"trial_id": t.trial_id, "epoch": t.attempt} for t in g.trials]
     second = c.handle("d1", Ready.model_validate({"session_nonce": "n1", "seq": 2, "answered_seq": 1, "held": held}))
     assert sent(second, Grant), "a second slot takes a second batch"
     c2 = ControlCore(spec=spec(), work=work(), settings=SETTINGS, clock=clock)
-    c2.handle("d1", hello("d1", "n1"))
+    joined = c2.handle("d1", hello("d1", "n1", max_concurrency=2))
+    assert any("does not declare hardware.co_tenancy" in i.text for i in joined if isinstance(i, Notice))
     g = sent(c2.handle("d1", Ready(session_nonce="n1", seq=1)), Grant)[0]
     assert isinstance(g, Grant)
     held = [{"trial_id": t.trial_id, "epoch": t.attempt} for t in g.trials]
+    assert isinstance(g, Grant) and not g.co_tenancy
     busy = c2.handle("d1", Ready.model_validate({"session_nonce": "n1", "seq": 2, "answered_seq": 1, "held": held}))
-    assert sent(busy, NoWork) and not sent(busy, Grant)
+    assert sent(busy, NoWork) and not sent(busy, Grant), "no co-tenancy declared: one batch on the node's one device"
+
+
+def test_without_declared_co_tenancy_a_daemon_holds_one_batch_per_gpu() -> None:
+    p = FleetPolicy(clock=Clock())
+    assert "one per device" in " ".join(p.join("d", "gpu", max_concurrency=6, devices=2).notes)
+    assert p.slots("d") == 2
+    p.join("cpu", "cpu", max_concurrency=3, devices=0)
+    assert p.slots("cpu") == 1
+    p.join("unknown", "cpu", max_concurrency=3)
+    assert p.slots("unknown") == 3, "devices not given: taken as advertised"
+    declared = FleetPolicy(clock=Clock(), co_tenancy=True)
+    assert not declared.join("d", "gpu", max_concurrency=6, devices=2).notes and declared.slots("d") == 6
 
 
 ENDPOINT_SPEC = """

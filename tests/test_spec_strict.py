@@ -223,13 +223,15 @@ FULL: dict[str, Any] = {
     "budgets": {"trial_timeout_s": 600},
     "backend": {"kind": "vllm"},
     "hardware": {"targets": [{"hardware_class": "1xH100-80GB"}, {"name": "a100s", "gpu_model": "*A100*"}],
-                 "failover_to": {"1xH100-80GB": ["1xH200-141GB"]}},
+                 "failover_to": {"1xH100-80GB": ["1xH200-141GB"]}, "co_tenancy": True,
+                 "groups": [{"name": "box", "daemons": ["node-*"], "group_max_concurrency": 2}]},
 }
 
 SECTIONS = ["", "model", "engine", "engine.fixed", "engine.grid", "engine.configs[0]", "load_points[0]",
             "load_points[0].input_len", "load_points[0].dataset", "load_points[1].dataset", "load_points[2].dataset",
             "load_points[0].stop", "load_points[3].rate_sweep", "slos[0]", "ranking", "baseline", "baseline.engine",
-            "planner", "budgets", "backend", "hardware", "hardware.targets[1]"]
+            "planner", "budgets", "backend", "hardware", "hardware.targets[1]",
+            "hardware.groups[0]"]
 
 
 def _parts(path: str) -> list[str | int]:

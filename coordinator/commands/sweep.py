@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coordinator.fleet import DEFAULT_FLEET_BIND, LOCAL_BIND, fleet_settings
+from coordinator.fleet import DEFAULT_FLEET_BIND, LOCAL_BIND, fleet_settings, merge_groups
 from coordinator.store import Store
 from coordinator.sweep import SweepOptions, SweepRunner
 from coordinator.transport import BindError
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             lease_grace_s=args.lease_grace_s, daemon_wait_s=args.daemon_wait_s,
             max_transport_retries=args.max_transport_retries,
         )
+        merge_groups(settings.groups, spec.hardware.groups if spec.hardware else ())  # refused here, before any write
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return ExitCode.USAGE

@@ -42,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
 
 def hardware_text(spec: ExperimentSpec) -> str:
     """`` x N hardware target(s) (labels)`` when the spec names targets (each planned in full)."""
-    if spec.hardware is None:
+    if spec.hardware is None or not spec.hardware.targets:
         return ""
     return f" x {len(spec.hardware.targets)} hardware target(s) ({', '.join(spec.hardware.labels())})"
