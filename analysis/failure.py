@@ -163,7 +163,9 @@ class FailureGroup:
 class FailureResult:
     """Failure probability by parameter region (see the module docstring).
 
-    ``kinds`` modelled; ``by_kind`` counts over every analysed trial (all groups); ``n_holes``
+    ``kinds`` modelled; ``by_kind`` counts over every analysed trial when they are of one hardware
+    class, and is empty with several (each group's ``by_kind`` counts its class; a caveat lists them:
+    counts of two classes are never pooled); ``n_holes``
     holes and ``n_baseline`` baseline trials left out; ``groups`` one per hardware class."""
 
     kinds: tuple[str, ...]
@@ -276,15 +278,27 @@ def failure_probability(
         notes.warn("holes", f"{n_holes} planned trial(s) never ran (holes); they are not failures and are left out")
 
     claim = claim_for(ds)
-    by_kind = _kind_counts(ran, chosen_kinds, level)
-    _kind_caveats(ran, chosen_kinds, notes)
-
     hw_col = ran["hardware_class"].astype(str) if "hardware_class" in ran else pd.Series("", index=ran.index)
+    classes = sorted(set(hw_col)) if len(ran) else []
+    multi = len(classes) > 1
+    if multi:  # counts by kind are per class (each group's by_kind), never pooled across hardware classes
+        by_kind: list[KindCount] = []
+        for hw in classes:
+            _kind_caveats(ran[hw_col == hw], chosen_kinds, notes, f"hardware_class={hw}")
+    else:
+        by_kind = _kind_counts(ran, chosen_kinds, level)
+        _kind_caveats(ran, chosen_kinds, notes)
+
     groups: list[FailureGroup] = []
-    for hw in sorted(set(hw_col)) if len(ran) else []:
+    for hw in classes:
         sub = ran[hw_col == hw]
         groups.append(_group(ds, sub, hw, load_point, plist, chosen_kinds, level, max_regions, max_bins, cuts,
-                             seed, claim, notes, multi=len(set(hw_col)) > 1))
+                             seed, claim, notes, multi=multi))
+    if multi:
+        per_class = "; ".join(f"{g.hardware_class}: " + ", ".join(f"{k.kind} {k.failures}/{k.of}" for k in g.by_kind)
+                              for g in groups)
+        notes.warn("by_kind_per_class", f"{len(classes)} hardware classes: failures by kind are counted per class, "
+                                        f"never pooled across them ({per_class}); the overall by_kind is left empty")
     if not len(ran):
         notes.warn("no_trials", "no trial ran (after leaving out holes and baselines): nothing to analyse")
     return FailureResult(
@@ -314,15 +328,17 @@ def _kind_counts(ran: pd.DataFrame, kinds: tuple[str, ...], level: float) -> lis
     return out
 
 
-def _kind_caveats(ran: pd.DataFrame, kinds: tuple[str, ...], notes: Notes) -> None:
+def _kind_caveats(ran: pd.DataFrame, kinds: tuple[str, ...], notes: Notes, subject: str = "") -> None:
+    """A caveat per failure kind not modelled; ``subject``: the hardware class they count in (several classes)."""
     present = [str(k) for k in ran["_kind"].tolist() if k]
     other = sorted({k for k in present if k not in kinds})
+    where = f" on {subject.split('=', 1)[1]}" if subject else ""
     for k in other:
         count = sum(1 for v in present if v == k)
         why = {"transport": "the daemon or its connection was lost, which says nothing about the config",
                UNKNOWN_KIND: "no failure kind was recorded"}.get(k, "not a modelled kind")
-        notes.warn(f"excluded_{k}", f"{count} trial(s) failed with kind {k!r} ({why}); they are counted apart and "
-                                    "left out of the regional rates and the model", subject=k)
+        notes.warn(f"excluded_{k}", f"{count} trial(s){where} failed with kind {k!r} ({why}); they are counted apart "
+                                    "and left out of the regional rates and the model", subject=subject or k)
 
 
 # ---------------------------------------------------------------- regions

@@ -227,6 +227,33 @@ def test_hardware_classes_analysed_separately() -> None:
     assert sum(g.n for g in res.groups) == res.n_trials
 
 
+def test_counts_by_kind_are_per_class_never_pooled_across_classes() -> None:
+    """Two SYNTHETIC classes, one failing often and one rarely: the overall counts by kind would be a
+    rate neither class has, so they are kept per class (each group's by_kind, and a caveat)."""
+    ds, _ = planted(n_configs=60, n_params=4, hardware_classes=("a", "b"), seed=7)
+    is_b = ds["hardware_class"].values == "b"
+    ran = ds["status"].values != "hole"
+    # class b: every trial that ran ok now failed with a measurement failure (a class that cannot run these configs)
+    ds["status"].values[is_b & ran] = "failed"
+    ds["failure_kind"].values[is_b & ran & (ds["failure_kind"].values == "")] = "measurement"
+    first_a = int(np.flatnonzero(~is_b & ran & (ds["status"].values == "ok"))[0])
+    ds["status"].values[first_a], ds["failure_kind"].values[first_a] = "failed", "transport"
+    res = failure_probability(ds)
+    assert res.by_kind == [], "no count pooled across hardware classes"
+    per = {g.hardware_class: {k.kind: k for k in g.by_kind} for g in res.groups}
+    assert per["b"]["measurement"].failures == per["b"]["measurement"].of - per["b"]["transport"].failures
+    assert per["a"]["measurement"].rate.estimate < 0.5 < per["b"]["measurement"].rate.estimate
+    caveat = next(w for w in res.warnings if w.code == "by_kind_per_class")
+    assert f"a: measurement {per['a']['measurement'].failures}/" in caveat.message
+    assert f"b: measurement {per['b']['measurement'].failures}/" in caveat.message
+    excluded = [w for w in res.warnings if w.code == "excluded_transport"]
+    assert "hardware_class=a" in {w.subject for w in excluded} and all(" on a" in w.message or " on b" in w.message
+                                                                        for w in excluded)
+    one = failure_probability(ds.isel(trial=~is_b))
+    assert [k.kind for k in one.by_kind][:1] == ["measurement"] and not any(
+        w.code == "by_kind_per_class" for w in one.warnings), "one class: the overall counts are that class's"
+
+
 def test_bad_input_named() -> None:
     ds, _ = planted(n_configs=30, n_params=3, seed=0)
     with pytest.raises(AnalysisInputError, match="oom"):
