@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.breaker import BreakerBoard, BreakerChanged, Drained, ServiceWatch, drain_reason
@@ -250,6 +250,9 @@ class ControlCore:
     clock: Callable[[], float] = time.monotonic
     #: Wall clock, only to say *when* in a drained trial's reason (decisions use ``clock``).
     wall_clock: Callable[[], float] = time.time
+    #: A resumed sweep: filter target label -> the class it was bound to before
+    #: (:func:`coordinator.targets.prior_bindings`); preferred for ``recovery_after_s`` after start.
+    preferred_bindings: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_grant_bounds(self.spec, [(w.batch.config, w.trials) for w in [*self.work, *(o.work for o in self.orphans)]])
@@ -260,7 +263,9 @@ class ControlCore:
                                   shared_endpoint(self.spec.backend), self.clock,
                                   turn_wait_s=2 * self.settings.heartbeat_interval_s, co_tenancy=bool(hw and hw.co_tenancy))
         self.leases = LeaseTable()
-        self.targets = TargetBook(self.spec.hardware)  # which daemons measure this spec (coordinator.targets)
+        self.targets = TargetBook(  # which daemons measure this spec (coordinator.targets)
+            self.spec.hardware, preferred=dict(self.preferred_bindings),
+            prefer_until=self.clock() + self.settings.recovery_after_s if self.preferred_bindings else None)
         self.daemons: dict[str, DaemonSession] = {}
         self.stopping = False
         self.lost: Counter[str] = Counter()  # trial -> attempts lost to transport this sweep
@@ -393,6 +398,8 @@ class ControlCore:
             out += self.abort(f"no daemon connected for {waited:.0f} s (--daemon-wait {s.daemon_wait_s:g})")
             out.append(NoDaemon(waited))
         out += self.breaker.tick(now)
+        present = {d.hardware_class for d in self.daemons.values()}
+        out += [Notice(logging.INFO, n) for n in self.targets.settle(now, present, self.queue, self.leases)]
         out += self._drain(now)
         out += self._serve_waiting(now)
         return out
@@ -522,7 +529,7 @@ class ControlCore:
         if old is not None and old.session_nonce == msg.session_nonce:
             old.last_seen = now
             return [Send(daemon_id, self._welcome(msg.session_nonce))]  # a re-sent HELLO
-        admission = self.targets.admit(fp, self.queue, self.leases, who=f"{daemon_id}/{msg.session_nonce}")
+        admission = self.targets.admit(fp, self.queue, self.leases, who=f"{daemon_id}/{msg.session_nonce}", now=now)
         out: list[Instruction] = [Notice(logging.INFO, note) for note in admission.notes]
         if admission.refusal is not None:  # outside the spec's hardware targets (coordinator.targets)
             why = f"refused work: {admission.refusal}"

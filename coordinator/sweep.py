@@ -61,6 +61,7 @@ from coordinator.retries import RetryEvent, RetryLog
 from coordinator.schedule import ScheduleBook
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
+from coordinator.targets import prior_bindings
 from coordinator.transport import RouterEndpoint
 from coordinator.trust import SweepKeys, sweep_keys
 from servetune.canonical import canonical_json
@@ -375,9 +376,17 @@ class SweepRunner:
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         estimate = self.plan.estimate_seconds() * n_todo / max(1, total)
         self.clocks = ClockSchedule(self.fleet.clock_probe_every_s)
+        hw = self.spec.hardware
+        preferred = prior_bindings({m.trial_id: m.hardware_target for m in self.plan.trials()},
+                                   ((a.trial_id, a.hardware_class, a.started_at_us) for a in store.all_attempts())
+                                   ) if hw is not None and any(t.is_filter for t in hw.targets) else {}
+        for label, cls in sorted(preferred.items()):  # a resumed sweep prefers last time's class (coordinator.targets)
+            self.console.print(f"resuming: hardware target {label} ran on {cls} before; it binds to {cls} again if a "
+                               f"daemon of it joins within {self.fleet.recovery_after_s:g} s")
         self.core = ControlCore(
             spec=self.spec, work=work, settings=self.fleet, coordinator_id=self.coordinator_id,
             attempts=store.max_attempts(), accepted=store.accepted_submissions(), orphans=orphans,
+            preferred_bindings=preferred,
         )
         self.schedule = schedule = ScheduleBook(store, self.spec.name, self.fleet, clock=self.core.clock)
         self.retry_log = RetryLog(folder)

@@ -13,8 +13,17 @@ once per target and pinned to it (:class:`coordinator.leases.BatchWork`). The ru
   ``filter:<name>`` (no class can equal it), until then, and are pinned to that class from then on
   (queued work, live leases, and work added later through :meth:`TargetBook.pin`). A later daemon
   of another class that also matches the filter is refused work for it, saying which class the
-  filter is bound to. One daemon may bind several filters. A resumed sweep binds again (the first
-  matching class to join); every attempt records the class it ran on (``hardware_class``).
+  filter is bound to. One daemon may bind several filters. Every attempt records the class it ran
+  on (``hardware_class``).
+- **A resumed sweep prefers last time's class.** :func:`prior_bindings` reads, from the stored
+  attempts, the class each filter's trials last ran on; the :class:`TargetBook` of the resumed
+  sweep is given it (``preferred``) and a deadline (``prefer_until``, on the control core's
+  clock). A daemon of that class that matches binds the filter to it again ("as in the previous
+  sweep"). A daemon of another matching class that joins before the deadline is admitted but does
+  not bind the filter: the filter waits for its previous class, and says so. At the deadline
+  (:meth:`TargetBook.settle`, every tick) a filter still unbound binds to the first other
+  matching class that joined and is still present, saying that its trials now span two classes
+  (the analysis keeps classes apart); one that joins after the deadline binds it as usual.
 - **Matching a filter.** The node has at least one GPU; ``gpu_count``: exactly that many; every
   GPU's model name matches ``gpu_model`` (a case-insensitive glob) or ``gpu_model_regex`` (the
   whole name, case-insensitive); ``min_gpu_memory_gib``: every GPU reports at least that much
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Collection, MutableSequence
+from collections.abc import Collection, Iterable, Mapping, MutableSequence
 from dataclasses import dataclass, field
 
 from coordinator.leases import BatchWork, LeaseTable
@@ -82,12 +91,27 @@ class TargetBook:
     hardware: HardwareSpec | None
     bound: dict[str, str] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # the ``who`` of each session refused
+    #: A resumed sweep: filter label -> the class it was bound to last time (:func:`prior_bindings`).
+    preferred: dict[str, str] = field(default_factory=dict)
+    #: Until when (control-core clock) an unbound filter waits for its preferred class; None: no wait.
+    prefer_until: float | None = None
+    #: Filter label -> other matching classes that joined while it waited, in order.
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+
+    def _waits(self, label: str, cls: str, now: float | None) -> bool:
+        """Whether filter ``label`` (unbound) should not bind to ``cls`` now: it prefers another class
+        and its wait is not over."""
+        want = self.preferred.get(label)
+        if want is None or want == cls or self.prefer_until is None:
+            return False
+        return now is None or now < self.prefer_until
 
     def admit(self, fp: Fingerprint, queue: MutableSequence[BatchWork] | ClassQueues | None = None,
-              leases: LeaseTable | None = None, who: str = "") -> Admission:
+              leases: LeaseTable | None = None, who: str = "", now: float | None = None) -> Admission:
         """Whether the daemon of ``fp`` may be given work; binds every unbound filter it matches to
         its class and re-pins that filter's ``queue`` and ``leases`` (see the module docstring).
-        ``who`` names the session (daemon and nonce): its refusal is marked ``repeated`` after the first."""
+        ``who`` names the session (daemon and nonce): its refusal is marked ``repeated`` after the first.
+        ``now``: the control core's clock, for a resumed sweep's wait for a filter's previous class."""
         if self.hardware is None or not self.hardware.targets:
             return Admission()
         cls = fp.hardware_class
@@ -106,10 +130,26 @@ class TargetBook:
                     why.append(f"filter {target.name!r}: {mismatch}" if mismatch is not None else
                                f"filter {target.name!r} is bound to {bound} (the first matching class to join; a "
                                "filter target is measured on one class)")
+            elif mismatch is None and self._waits(target.label, cls, now):
+                matched = True
+                waiting = self.candidates.setdefault(target.label, [])
+                if cls not in waiting:
+                    waiting.append(cls)
+                    left = f" for up to {self.prefer_until - now:.0f} s" if self.prefer_until is not None and now is not None else ""
+                    notes.append(f"hardware target filter {target.name!r}: {cls} matches, but the filter waits{left} "
+                                 f"for {self.preferred[target.label]}, the class it was bound to in the previous sweep")
             elif mismatch is None:
                 self.bound[target.label] = cls
                 matched = True
-                notes.append(f"hardware target filter {target.name!r} bound to {cls} (the first matching class to join)")
+                before = self.preferred.get(target.label)
+                if before == cls:
+                    notes.append(f"hardware target filter {target.name!r} bound to {cls} again, as in the previous "
+                                 "sweep of this experiment")
+                elif before is not None:
+                    notes.append(_rebound_note(target.name, cls, before))
+                else:
+                    notes.append(f"hardware target filter {target.name!r} bound to {cls} (the first matching class "
+                                 "to join)")
             else:
                 why.append(f"filter {target.name!r}: {mismatch}")
         matched |= cls in self.failover_classes()
@@ -123,6 +163,27 @@ class TargetBook:
         self.refused.add(who)
         return Admission(refusal=f"hardware class {cls} is not a target of this experiment (targets: {wanted}){detail}",
                          notes=tuple(notes), repeated=repeated)
+
+    def settle(self, now: float, present: Collection[str], queue: MutableSequence[BatchWork] | ClassQueues,
+               leases: LeaseTable | None = None) -> list[str]:
+        """Past ``prefer_until``: bind each filter still waiting for its previous class to the first
+        other matching class that joined meanwhile and is still ``present`` (classes of connected
+        daemons); returns what a person should read."""
+        if self.prefer_until is None or now < self.prefer_until or not self.candidates:
+            return []
+        notes = []
+        for label, classes in list(self.candidates.items()):
+            cls = next((c for c in classes if c in present), None)
+            if label in self.bound or cls is None:
+                if label in self.bound:
+                    del self.candidates[label]
+                continue
+            del self.candidates[label]
+            self.bound[label] = cls
+            notes.append(_rebound_note(label[len(FILTER_PREFIX):], cls, self.preferred[label]))
+        if notes:
+            self.rebind(queue, leases)
+        return notes
 
     def failover_classes(self) -> set[str]:
         """Every class some target may fail over to (admitted, given only work pinned to it)."""
@@ -142,6 +203,27 @@ class TargetBook:
                 queue[i] = self.pin(work)
         for lease in leases or ():
             lease.work = self.pin(lease.work)
+
+
+def _rebound_note(name: str | None, cls: str, before: str) -> str:
+    return (f"hardware target filter {name!r} bound to {cls}; in the previous sweep it was bound to {before}, of "
+            f"which no daemon joined in time: its trials now span two hardware classes (analysed apart)")
+
+
+def prior_bindings(targets_of: Mapping[str, str | None],
+                   attempts: Iterable[tuple[str, str | None, int]]) -> dict[str, str]:
+    """The class each filter target was bound to in earlier sweeps of an experiment: for each filter
+    label (``filter:<name>``), the class of the latest attempt (by start time) of a trial planned for
+    it that ran somewhere. ``targets_of``: trial id -> its manifest's ``hardware_target``;
+    ``attempts``: (trial id, hardware class or None, started at) as the store records them."""
+    latest: dict[str, tuple[int, str]] = {}
+    for trial_id, cls, started in attempts:
+        label = targets_of.get(trial_id)
+        if cls and is_filter_pin(label):
+            assert label is not None
+            if label not in latest or started >= latest[label][0]:
+                latest[label] = (started, cls)
+    return {label: cls for label, (_, cls) in latest.items()}
 
 
 def is_filter_pin(pin: str | None) -> bool:

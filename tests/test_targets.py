@@ -552,3 +552,88 @@ def test_a_declared_failover_end_to_end_is_tagged_and_leaves_the_originals_as_ho
     finally:
         ds.close()
     assert sum("failover-from:1xH100-80GB" in t for t in tags) == 2
+
+
+# --------------------------------------------------------------------------- a resumed sweep prefers last time's class
+
+A100S = "filter:a100s"
+
+
+def test_a_resumed_book_waits_for_the_class_a_filter_was_bound_to_last_time() -> None:
+    spec = parse_spec(TWO)
+    queue = [BatchWork(b, b.trials) for b in plan_grid(spec).batches]
+    book = TargetBook(spec.hardware, preferred={A100S: "1xA100-80GB"}, prefer_until=100.0)
+    early = book.admit(A100_40, queue, now=10.0)
+    assert early.refusal is None, "it matches the filter: admitted"
+    assert A100S not in book.bound and "waits for up to 90 s for 1xA100-80GB" in early.notes[0]
+    assert book.settle(50.0, {"1xA100-40GB"}, queue) == [], "the wait is not over"
+    again = book.admit(A100, queue, now=60.0)
+    assert book.bound[A100S] == "1xA100-80GB" and "bound to 1xA100-80GB again, as in the previous sweep" in again.notes[0]
+    assert {w.hardware_class for w in queue} == {"1xH100-80GB", "1xA100-80GB"}
+    assert book.settle(200.0, {"1xA100-40GB"}, queue) == [] and book.bound[A100S] == "1xA100-80GB"
+
+
+def test_a_resumed_filter_binds_elsewhere_once_its_wait_is_over_and_says_so() -> None:
+    spec = parse_spec(TWO)
+    queue = [BatchWork(b, b.trials) for b in plan_grid(spec).batches]
+    book = TargetBook(spec.hardware, preferred={A100S: "1xA100-80GB"}, prefer_until=100.0)
+    book.admit(A100_40, queue, now=10.0)
+    assert book.settle(150.0, set(), queue) == [], "the class that matched left: nothing to bind to"
+    notes = book.settle(160.0, {"1xA100-40GB"}, queue)
+    assert book.bound[A100S] == "1xA100-40GB" and "span two hardware classes" in notes[0] and "1xA100-80GB" in notes[0]
+    assert {w.hardware_class for w in queue} == {"1xH100-80GB", "1xA100-40GB"}
+    late = TargetBook(spec.hardware, preferred={A100S: "1xA100-80GB"}, prefer_until=100.0)
+    past = late.admit(A100_40, [], now=120.0)
+    assert late.bound[A100S] == "1xA100-40GB" and "span two hardware classes" in past.notes[0]
+    fresh = TargetBook(spec.hardware)  # not a resume: the first matching class, as before
+    fresh.admit(A100_40, [], now=0.0)
+    assert fresh.bound[A100S] == "1xA100-40GB"
+
+
+def test_the_control_core_of_a_resumed_sweep_gives_the_filter_to_last_times_class() -> None:
+    spec = parse_spec(TWO)
+    clock = Clock()
+    c = ControlCore(spec=spec, work=[BatchWork(b, b.trials) for b in plan_grid(spec).batches], settings=SETTINGS,
+                    clock=clock, preferred_bindings={A100S: "1xA100-80GB"})
+    out = c.handle("a40", hello("a40", A100_40))
+    assert sent(out, Welcome) and any(isinstance(i, Notice) and "waits" in i.text for i in out)
+    assert run_to_end(c, {"a40": A100_40})["a40"] == [], "the 40 GB node waits: the filter prefers last time's class"
+    assert any("bound to 1xA100-80GB again" in i.text for i in c.handle("a80", hello("a80", A100))
+               if isinstance(i, Notice))
+    c.handle("h1", hello("h1", H100))
+    measured = run_to_end(c, {"a40": A100_40, "a80": A100, "h1": H100})
+    assert measured["a80"] and {m.hardware_target for m in measured["a80"]} == {A100S} and measured["a40"] == []
+    # the previous class never comes: after recovery_after_s the filter goes to the class that is here
+    c2 = ControlCore(spec=spec, work=[BatchWork(b, b.trials) for b in plan_grid(spec).batches], settings=SETTINGS,
+                     clock=clock, preferred_bindings={A100S: "1xA100-80GB"})
+    c2.handle("a40", hello("a40", A100_40))
+    clock.t += SETTINGS.recovery_after_s + 1
+    c2.handle("a40", Heartbeat(session_nonce="n-a40", seq=1, leases=[]))
+    notes = [i.text for i in c2.tick() if isinstance(i, Notice)]
+    assert any("bound to 1xA100-40GB" in n and "span two hardware classes" in n for n in notes), notes
+    assert run_to_end(c2, {"a40": A100_40})["a40"]
+
+
+def test_prior_bindings_come_from_the_latest_attempt_that_ran_in_the_store(tmp_path: Path) -> None:
+    from coordinator.store import Store
+    from coordinator.targets import prior_bindings
+
+    spec = parse_spec(TWO)
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "exp")
+    try:
+        store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), TWO, plan)
+        filt = [m for m in plan.trials() if m.hardware_target == A100S]
+        h100 = next(m for m in plan.trials() if m.hardware_target == "1xH100-80GB")
+        for m, cls in [(filt[0], "1xA100-40GB"), (filt[1], "1xA100-80GB"), (h100, "1xH100-80GB")]:
+            n = store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash=spec.spec_hash())
+            time.sleep(0.002)  # distinct start times (microseconds)
+            store.finish_attempt(m.trial_id, n, status="ok", failure_kind=None, error=None, submission_id=f"s{n}",
+                                 record=None, metrics=None, hardware_class=cls)
+        store.begin_attempt(filt[2].trial_id, daemon_id="d", batch_id="b", spec_hash=spec.spec_hash())  # never ran
+        attempts = [(a.trial_id, a.hardware_class, a.started_at_us) for a in store.all_attempts()]
+    finally:
+        store.close()
+    targets_of = {m.trial_id: m.hardware_target for m in plan.trials()}
+    assert prior_bindings(targets_of, attempts) == {A100S: "1xA100-80GB"}, "the latest attempt's class; classes only"
+    assert prior_bindings(targets_of, []) == {}
