@@ -637,3 +637,95 @@ def test_prior_bindings_come_from_the_latest_attempt_that_ran_in_the_store(tmp_p
     targets_of = {m.trial_id: m.hardware_target for m in plan.trials()}
     assert prior_bindings(targets_of, attempts) == {A100S: "1xA100-80GB"}, "the latest attempt's class; classes only"
     assert prior_bindings(targets_of, []) == {}
+
+
+RESUME_SPEC = """
+name: resume-binding
+model: {source: tiny}
+backend: {kind: sim}
+engine:
+  grid: {max_num_seqs: [2, 8]}
+load_points:
+  - {name: c2, max_concurrency: 2, num_requests: 4, input_len: 8, output_len: 8}
+hardware:
+  targets:
+    - {name: a100s, gpu_model: "*A100*"}
+"""
+
+
+def _serve(fleet: Any, d: Any, fp: Fingerprint, status: str, deadline_s: float = 60) -> list[Any]:
+    """Scripted daemon ``d`` asks for work and answers each GRANT with ``status`` results until told SHUTDOWN."""
+    measured: list[Any] = []
+    deadline = time.monotonic() + deadline_s
+    while fleet.poll_coordinator() is None and time.monotonic() < deadline:
+        d.send(Ready(session_nonce=d.nonce))
+        msg = d.recv((Grant, NoWork, Shutdown), 30)
+        if isinstance(msg, Shutdown):
+            break
+        if not isinstance(msg, Grant):
+            continue
+        for t in msg.trials:
+            from tests.test_fleet_faults import _outcome
+
+            outcome = _outcome().model_copy(update={"fingerprint": fp, "status": status})
+            if status == "failed":
+                outcome = outcome.model_copy(update={"failure_kind": "measurement", "error": "OOM (scripted)"})
+            d.send(Result(session_nonce=d.nonce, batch_id=msg.batch_id, trial_id=t.trial_id, epoch=t.attempt,
+                          submission_id=f"s-{t.trial_id[:8]}-{t.attempt}", outcome=outcome))
+            assert isinstance(d.recv((Ack,), 30), Ack)
+            measured.append(t.manifest)
+    return measured
+
+
+def test_a_resumed_sweep_binds_a_filter_to_last_times_class_end_to_end(tmp_path: Path) -> None:
+    """The real coordinator (sockets, store) twice with scripted daemons whose FAKE fingerprints
+    claim A100s (no GPU exists here). Sweep 1: the 80 GB node measures the filter's trials (they
+    fail, so ``--retry-failed`` has work). Sweep 2: a 40 GB node, which matches the filter too,
+    joins first and waits; the 80 GB node joins and the filter binds to it again, as the log says."""
+    import xarray as xr
+
+    from tests.fleet_harness import Fleet
+    from tests.test_fleet_faults import Scripted
+
+    fleet = Fleet(tmp_path, url="http://127.0.0.1:9", name="resume-binding",
+                  timings={"--heartbeat-interval": "0.5", "--lease-ttl": "10", "--lease-grace": "2", "--daemon-wait": "30"})
+    fleet.spec.write_text(RESUME_SPEC)
+    daemons: list[Scripted] = []
+
+    def join(name: str, fp: Fingerprint, nonce: str) -> Scripted:
+        d = Scripted(fleet.address, fleet.home, daemon_id=name)
+        daemons.append(d)
+        d.nonce = nonce
+        d.send(Hello(daemon_id=name, session_nonce=nonce, pid=1, capabilities=Capabilities(fingerprint=fp)))
+        assert isinstance(d.recv((Welcome,), 30), Welcome)
+        return d
+
+    try:
+        fleet.start_coordinator()
+        first = _serve(fleet, join("a80", A100, "n1"), A100, "failed")
+        fleet.wait_coordinator(60)
+        for d in daemons:
+            d.close()
+        daemons.clear()
+        fleet.start_coordinator("--retry-failed")
+        a40 = join("a40", A100_40, "n2")
+        a40.send(Ready(session_nonce="n2"))
+        assert isinstance(a40.recv((NoWork,), 30), NoWork), "the filter waits for last time's class"
+        second = _serve(fleet, join("a80", A100, "n3"), A100, "ok")
+        code, out, log = fleet.wait_coordinator(60)
+    finally:
+        for d in daemons:
+            d.close()
+        fleet.close()
+    assert len(first) == 2 and len(second) == 2, (first, second)
+    assert code == 0, log[-3000:]
+    text = out + log
+    assert "resuming: hardware target filter:a100s ran on 1xA100-80GB before" in text, text[-3000:]
+    assert "1xA100-40GB matches, but the filter waits" in text
+    assert "filter 'a100s' bound to 1xA100-80GB again, as in the previous sweep" in text
+    ds = xr.open_dataset(fleet.folder / "results.nc")
+    try:
+        assert set(ds["hardware_class"].values.tolist()) == {"1xA100-80GB"}
+        assert set(ds["status"].values.tolist()) == {"ok"}
+    finally:
+        ds.close()
