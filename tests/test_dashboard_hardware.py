@@ -15,14 +15,8 @@ No vLLM: this needs no shared sweep (unlike tests/test_dashboard.py). Runtime: a
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,9 +25,8 @@ import xarray as xr
 from analysis.hardware import FAILOVER_PREFIX
 from analysis.ranking import rank
 from analysis.synthetic import planted
-from tests.test_dashboard import ARTIFACTS, CHROMIUM, PAGE_TIMEOUT_MS, SERVE_DEADLINE_S, Page, _free_port, write_dataset
+from tests.test_dashboard import ARTIFACTS, PAGE_TIMEOUT_MS, Page, browser, panel_serve, write_dataset  # noqa: F401 (browser: a fixture)
 
-REPO = Path(__file__).resolve().parents[1]
 A, B = "sim-gpu-a", "sim-gpu-b"
 NAME = "two-classes"
 
@@ -56,50 +49,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, xr.D
     root = tmp_path_factory.mktemp("dash-hw") / "runs"
     ds, moved = two_classes()
     write_dataset(ds, root / NAME, NAME)
-    port = _free_port()
-    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "dashboard-hardware-server.log"
-    panel = str(Path(sys.executable).with_name("panel"))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
-             f"--allow-websocket-origin=127.0.0.1:{port}"],
-            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVE_DEADLINE_S
-        while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=30) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
-            time.sleep(0.5)
+    with panel_serve(root, ARTIFACTS / "dashboard-hardware-server.log") as (_, port):
         yield f"http://127.0.0.1:{port}/dashboards", ds, moved
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's chromium")
-    with playwright.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def test_hardware_class_views_keep_classes_apart_and_failover_optional(served, browser) -> None:
+def test_hardware_class_views_keep_classes_apart_and_failover_optional(served, browser) -> None:  # noqa: F811
     url, ds, moved = served
     winners = {g.group["hardware_class"]: g.rows[0].label for g in rank(ds, policy="slo_throughput", n_boot=0).groups}
     assert winners[A] != winners[B], "the planted classes disagree (else pooling would not show)"

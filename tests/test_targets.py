@@ -357,16 +357,23 @@ def test_a_target_class_that_never_joins_fails_over_where_declared_and_drains_wh
 # --------------------------------------------------------------------------- store and dataset
 
 
-def test_store_and_dataset_keep_each_trials_target_and_failover_tag(tmp_path: Path) -> None:
-    from coordinator.dataset import build_dataset
+def planned_store(folder: Path) -> tuple[Any, Any, Any]:
+    """The spec TWO, its plan and a real store (``folder``) that has recorded it: close the store."""
     from coordinator.store import Store
-    from coordinator.sweep import select_work
 
     spec = parse_spec(TWO)
     plan = plan_grid(spec)
-    store = Store.open(tmp_path / "exp")
+    store = Store.open(folder)
+    store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), TWO, plan)
+    return spec, plan, store
+
+
+def test_store_and_dataset_keep_each_trials_target_and_failover_tag(tmp_path: Path) -> None:
+    from coordinator.dataset import build_dataset
+    from coordinator.sweep import select_work
+
+    spec, plan, store = planned_store(tmp_path / "exp")
     try:
-        store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), TWO, plan)
         work, _ = select_work(plan, store, retry_failed=False)
         assert Counter(w.hardware_class for w in work) == {"1xH100-80GB": 6, "filter:a100s": 6}, "pinned per target"
         moved = failover_work(spec.hardware, work[0], {"1xH200-141GB"})
@@ -477,14 +484,16 @@ def test_two_target_classes_end_to_end_through_the_coordinator(tmp_path: Path) -
     assert rows == [("1xH100-80GB", "1xH100-80GB", "ok")] * 3 + [("filter:a100s", "1xA100-80GB", "ok")] * 3
 
 
-FAILOVER_SPEC = """
-name: failover-e2e
+#: A two-config sim experiment (the scripted daemons answer for it), its name and hardware section to follow.
+SIM_BODY = """
 model: {source: tiny}
 backend: {kind: sim}
 engine:
   grid: {max_num_seqs: [2, 8]}
 load_points:
   - {name: c2, max_concurrency: 2, num_requests: 4, input_len: 8, output_len: 8}
+"""
+FAILOVER_SPEC = "name: failover-e2e" + SIM_BODY + """\
 hardware:
   targets:
     - {hardware_class: 1xH100-80GB}
@@ -503,7 +512,7 @@ def test_a_declared_failover_end_to_end_is_tagged_and_leaves_the_originals_as_ho
     import xarray as xr
 
     from tests.fleet_harness import Fleet
-    from tests.test_fleet_faults import Scripted, _outcome
+    from tests.test_fleet_faults import Scripted
 
     fleet = Fleet(tmp_path, url="http://127.0.0.1:9", name="failover-e2e",
                   timings={"--heartbeat-interval": "0.5", "--lease-ttl": "10", "--lease-grace": "2", "--daemon-wait": "60"})
@@ -517,23 +526,7 @@ def test_a_declared_failover_end_to_end_is_tagged_and_leaves_the_originals_as_ho
         d.nonce = "nonce-h200"
         d.send(Hello(daemon_id="h200", session_nonce=d.nonce, pid=1, capabilities=Capabilities(fingerprint=H200)))
         assert isinstance(d.recv((Welcome,), 30), Welcome)
-        deadline = time.monotonic() + 90
-        while fleet.poll_coordinator() is None and time.monotonic() < deadline:
-            d.send(Ready(session_nonce=d.nonce))
-            msg = d.recv((Grant, NoWork, Shutdown), 30)
-            if isinstance(msg, Shutdown):
-                break
-            if not isinstance(msg, Grant):
-                d.seq += 1
-                d.send(Heartbeat(session_nonce=d.nonce, seq=d.seq, leases=[]))
-                time.sleep(0.2)
-                continue
-            for t in msg.trials:
-                outcome = _outcome().model_copy(update={"fingerprint": H200})
-                d.send(Result(session_nonce=d.nonce, batch_id=msg.batch_id, trial_id=t.trial_id, epoch=t.attempt,
-                              submission_id=f"s-{t.trial_id[:8]}", outcome=outcome))
-                assert isinstance(d.recv((Ack,), 30), Ack)
-                measured.append(t.manifest)
+        measured = serve_scripted(fleet, d, H200, "ok", deadline_s=90)
         code, _, log = fleet.wait_coordinator(60)
     finally:
         d.close()
@@ -615,14 +608,10 @@ def test_the_control_core_of_a_resumed_sweep_gives_the_filter_to_last_times_clas
 
 
 def test_prior_bindings_come_from_the_latest_attempt_that_ran_in_the_store(tmp_path: Path) -> None:
-    from coordinator.store import Store
     from coordinator.targets import prior_bindings
 
-    spec = parse_spec(TWO)
-    plan = plan_grid(spec)
-    store = Store.open(tmp_path / "exp")
+    spec, plan, store = planned_store(tmp_path / "exp")
     try:
-        store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), TWO, plan)
         filt = [m for m in plan.trials() if m.hardware_target == A100S]
         h100 = next(m for m in plan.trials() if m.hardware_target == "1xH100-80GB")
         for m, cls in [(filt[0], "1xA100-40GB"), (filt[1], "1xA100-80GB"), (h100, "1xH100-80GB")]:
@@ -639,22 +628,18 @@ def test_prior_bindings_come_from_the_latest_attempt_that_ran_in_the_store(tmp_p
     assert prior_bindings(targets_of, []) == {}
 
 
-RESUME_SPEC = """
-name: resume-binding
-model: {source: tiny}
-backend: {kind: sim}
-engine:
-  grid: {max_num_seqs: [2, 8]}
-load_points:
-  - {name: c2, max_concurrency: 2, num_requests: 4, input_len: 8, output_len: 8}
+RESUME_SPEC = "name: resume-binding" + SIM_BODY + """\
 hardware:
   targets:
     - {name: a100s, gpu_model: "*A100*"}
 """
 
 
-def _serve(fleet: Any, d: Any, fp: Fingerprint, status: str, deadline_s: float = 60) -> list[Any]:
-    """Scripted daemon ``d`` asks for work and answers each GRANT with ``status`` results until told SHUTDOWN."""
+def serve_scripted(fleet: Any, d: Any, fp: Fingerprint, status: str, deadline_s: float = 60) -> list[Any]:
+    """Scripted daemon ``d`` asks for work and answers each GRANT with ``status`` results (heartbeating
+    while there is none) until told SHUTDOWN or the coordinator ends; returns the manifests it measured."""
+    from tests.test_fleet_faults import _outcome
+
     measured: list[Any] = []
     deadline = time.monotonic() + deadline_s
     while fleet.poll_coordinator() is None and time.monotonic() < deadline:
@@ -663,10 +648,11 @@ def _serve(fleet: Any, d: Any, fp: Fingerprint, status: str, deadline_s: float =
         if isinstance(msg, Shutdown):
             break
         if not isinstance(msg, Grant):
+            d.seq += 1
+            d.send(Heartbeat(session_nonce=d.nonce, seq=d.seq, leases=[]))
+            time.sleep(0.2)
             continue
         for t in msg.trials:
-            from tests.test_fleet_faults import _outcome
-
             outcome = _outcome().model_copy(update={"fingerprint": fp, "status": status})
             if status == "failed":
                 outcome = outcome.model_copy(update={"failure_kind": "measurement", "error": "OOM (scripted)"})
@@ -702,7 +688,7 @@ def test_a_resumed_sweep_binds_a_filter_to_last_times_class_end_to_end(tmp_path:
 
     try:
         fleet.start_coordinator()
-        first = _serve(fleet, join("a80", A100, "n1"), A100, "failed")
+        first = serve_scripted(fleet, join("a80", A100, "n1"), A100, "failed")
         fleet.wait_coordinator(60)
         for d in daemons:
             d.close()
@@ -711,7 +697,7 @@ def test_a_resumed_sweep_binds_a_filter_to_last_times_class_end_to_end(tmp_path:
         a40 = join("a40", A100_40, "n2")
         a40.send(Ready(session_nonce="n2"))
         assert isinstance(a40.recv((NoWork,), 30), NoWork), "the filter waits for last time's class"
-        second = _serve(fleet, join("a80", A100, "n3"), A100, "ok")
+        second = serve_scripted(fleet, join("a80", A100, "n3"), A100, "ok")
         code, out, log = fleet.wait_coordinator(60)
     finally:
         for d in daemons:
