@@ -164,7 +164,8 @@ class DaemonOptions:
     #: Checks run when joining and before each batch (:mod:`daemon.preflight`); None: none.
     preflight: Preflight | None = None
     #: Batches at once asked for (``--max-concurrency``); :mod:`daemon.slots` caps it at one per GPU
-    #: (one on a CPU-only node) unless ``co_tenancy`` (``--co-tenancy``) is declared.
+    #: (one on a CPU-only node) unless ``co_tenancy`` (``--co-tenancy``) allows sharing a device, which
+    #: it then does only for batches whose GRANT declares it too (the spec's ``hardware.co_tenancy``).
     max_concurrency: int = 1
     co_tenancy: bool = False
 

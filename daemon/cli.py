@@ -215,9 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "its tensor_parallel_size; at most one per GPU, and one on a CPU-only node (one device), "
                             "unless --co-tenancy (default: %(default)d)")
     start.add_argument("--co-tenancy", action="store_true",
-                       help="declare that trials may share a device on this node (they then measure each other's "
-                            "load too): --max-concurrency batches run even where the GPUs are too few for disjoint "
-                            "sets, or on a CPU-only node")
+                       help="allow trials to share a device on this node (they then measure each other's load "
+                            "too): --max-concurrency batches run even where the GPUs are too few for disjoint sets, "
+                            "or on a CPU-only node, for experiments whose spec declares it too (hardware: "
+                            "{co_tenancy: true}); others get one batch per device")
     start.add_argument("--exit-with-parent", action="store_true",
                        help="stop (and stop vLLM) when the process that started this daemon dies")
     _preflight_flags(start)
