@@ -31,6 +31,7 @@ import panel as pn
 from analysis.common import jsonable
 from analysis.crosshw import NORMALISATIONS, parse_prices
 from analysis.decide_cli import RECORD_FILE, parse_slo, parse_weights
+from analysis.decide_cli import build_parser as recommend_parser
 from analysis.decision import RULES, recommend
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, on_result, state
@@ -39,8 +40,8 @@ from dashboards.decision_view import decision_html, labels_of, recommend_command
 log = logging.getLogger(__name__)
 
 #: the CLI's defaults (``python -m coordinator recommend``), so the page and the CLI agree
-N_BOOT = 1000
-SEED = 0
+N_BOOT = int(recommend_parser().get_default("n_boot"))
+SEED = int(recommend_parser().get_default("seed"))
 
 
 def spec_slos(attrs: dict[str, Any]) -> list[dict[str, Any]]:
