@@ -146,7 +146,7 @@ def class_html(c: Mapping[str, Any], doc: Mapping[str, Any], commands: Mapping[s
     title = (cls if str(doc.get("mode", "")).startswith("cross-hardware") else
              (f"Hardware class {cls}" if cls else "All trials (no hardware class recorded)"))
     win, run = c.get("winner"), c.get("runner_up")
-    parts = [f"<div class='st-decision-class' data-class='{_e(cls)}'><h3>{_e(title)}</h3>"]
+    parts = [f"<div class='st-decision-class' data-class='{_e(cls)}'><h3 style='font-size: 1.2em'>{_e(title)}</h3>"]
     if win:
         parts.append(f"<div class='st-decision-winner winner' data-config='{_e(win['config_id'])}' data-class='{_e(cls)}'>"
                      f"Recommended: <b>{_e(win.get('label') or win['config_id'])}</b> (config "
@@ -178,14 +178,14 @@ def class_html(c: Mapping[str, Any], doc: Mapping[str, Any], commands: Mapping[s
     parts.append(_per_load_point(c, slo_cols))
     thresholds = c.get("thresholds") or []
     if thresholds:
-        parts.append("<h4>What would change the answer</h4><div class='st-note'>one input at a time, the others "
+        parts.append("<h4 style='font-size: 1.05em'>What would change the answer</h4><div class='st-note'>one input at a time, the others "
                      "held; the config that wins past each value is named</div>"
                      "<table class='st-table st-decision-thresholds'><tr><th>input</th><th>now</th>"
                      "<th>raised: winner changes</th><th>lowered: winner changes</th></tr>"
                      + "".join(_threshold_row(t, labels) for t in thresholds) + "</table>")
     ev = c.get("evidence") or {}
     rows = _evidence_rows(ev, labels, {"winner": win, "runner_up": run})
-    parts.append(f"<h4>Evidence</h4><div class='st-note'>{ev.get('trials', 0)} trials of {ev.get('configs', 0)} configs "
+    parts.append(f"<h4 style='font-size: 1.05em'>Evidence</h4><div class='st-note'>{ev.get('trials', 0)} trials of {ev.get('configs', 0)} configs "
                  f"used; {ev.get('drift_suspect_left_out', 0)} drift-suspect trials left out</div>"
                  + (f"<table class='st-table'>{rows}</table>" if rows else ""))
     parts.append("</div>")
@@ -221,7 +221,7 @@ def decision_html(doc: Mapping[str, Any], commands: Mapping[str, str], labels: M
         parts.append(class_html(c, doc, commands, labels))
     warns = doc.get("warnings") or []
     if warns:
-        parts.append("<h4>Warnings</h4>" + "".join(
+        parts.append("<h4 style='font-size: 1.05em'>Warnings</h4>" + "".join(
             f"<div class='st-warn st-decision-warning'><b>{_e(w.get('code'))}</b>: {_e(w.get('message'))}"
             f"{' (' + _e(w['subject']) + ')' if w.get('subject') else ''}</div>" for w in warns))
     return "".join(parts)

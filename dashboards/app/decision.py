@@ -36,6 +36,7 @@ from analysis.decision import RULES, recommend
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, on_result, state
 from dashboards.decision_view import decision_html, labels_of, recommend_command
+from servetune.schema import DATASET_FILE, DB_FILE
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +188,20 @@ class DecisionPage(pn.viewable.Viewer):
             self.body.objects = [pn.pane.HTML(f"<div class='st-error'>decision failed: {esc(exc)}</div>")]
             return
         self.doc = doc
-        command = recommend_command(self.ctx.experiment or str(self.folder), inputs["weights"], inputs["slos"],
+        command = recommend_command(self.cli_target(), inputs["weights"], inputs["slos"],
                                     inputs["rule"], inputs["include_drift"], inputs["cross_hardware"], inputs["prices"])
         labels = labels_of(state.table(self.folder))
         self.body.objects = [pn.pane.HTML(
             f"<div class='st-decision' data-mode='{esc(doc.get('mode'))}'>"
             f"{decision_html(doc, serve_commands(self.folder, doc), labels)}"
-            f"<h4>Decision record</h4>{record_html(self.folder, doc, command)}</div>", sizing_mode="stretch_width")]
+            f"<h4 style='font-size: 1.05em'>Decision record</h4>{record_html(self.folder, doc, command)}</div>", sizing_mode="stretch_width")]
+
+    def cli_target(self) -> str:
+        """What to name the experiment on the CLI: its name when it has a store, else its
+        ``results.nc`` (the CLI resolves a bare name only to a folder with ``experiment.sqlite``)."""
+        if (self.folder / DB_FILE).exists() and self.ctx.experiment:
+            return self.ctx.experiment
+        return str(self.folder / DATASET_FILE)
 
     def refresh(self) -> None:
         v = state.version(self.folder)
