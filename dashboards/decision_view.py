@@ -227,12 +227,30 @@ def decision_html(doc: Mapping[str, Any], commands: Mapping[str, str], labels: M
     return "".join(parts)
 
 
-def labels_of(table: Any) -> dict[str, str]:
-    """config id -> label from a trial table, plus the cross-hardware entries (``<id>@<class>`` ->
-    ``<label> on <class>``, as :mod:`analysis.crosshw` names them)."""
+def named_configs(doc: Mapping[str, Any]) -> set[str]:
+    """Every config id the decision names (winners, runners-up, the winners past each threshold),
+    without a cross-hardware entry's ``@<class>``."""
+    out: set[str] = set()
+    for c in doc.get("classes") or []:
+        for who in ("winner", "runner_up"):
+            if c.get(who):
+                out.add(str(c[who]["config_id"]))
+        for t in c.get("thresholds") or []:
+            out.update(str(t[k]) for k in ("up_winner", "down_winner") if t.get(k))
+    return out | {cid.rsplit("@", 1)[0] for cid in out}
+
+
+def labels_of(table: Any, only: set[str] | None = None) -> dict[str, str]:
+    """config id -> label from a trial table (of the configs in ``only``; None: all), plus the
+    cross-hardware entries (``<id>@<class>`` -> ``<label> on <class>``, as :mod:`analysis.crosshw`
+    names them)."""
     if table is None or "config_id" not in table or not len(table):
         return {}
-    ids = table["config_id"].astype(str).tolist()
+    if only is not None:
+        table = table[table["config_id"].astype(str).isin(only)]
+    keep = [c for c in ("config_id", "config_label", "hardware_class") if c in table]
+    table = table[keep].astype(str).drop_duplicates()
+    ids = table["config_id"].tolist()
     names = table["config_label"].astype(str).tolist() if "config_label" in table else ids
     hw = table["hardware_class"].astype(str).tolist() if "hardware_class" in table else [""] * len(ids)
     out: dict[str, str] = {}

@@ -430,7 +430,7 @@ def _title_html(doc: dict[str, Any]) -> str:
 
 def _decision_section(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str], key: str = "decision") -> str:
     """The report's first section: what ``python -m coordinator recommend`` decides with its defaults."""
-    from dashboards.decision_view import decision_html, labels_of, recommend_command
+    from dashboards.decision_view import decision_html, labels_of, named_configs, recommend_command
 
     dec = doc.get(key) or {}
     cross = key == "decision_cross"
@@ -446,7 +446,7 @@ def _decision_section(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, s
             "out); that command also writes the decision record <code>runs/" + _e(name) + "/decision.json</code>. "
             "For another traffic mix or other SLO bounds use its <code>--weights</code> and <code>--slo</code> "
             "options or the dashboard's Decision page (<code>panel serve dashboards/</code>).</p>"
-            + decision_html(dec, commands, labels_of(trial_table(ds))))
+            + decision_html(dec, commands, labels_of(trial_table(ds), named_configs(dec))))
 
 
 def _header_html(ds: xr.Dataset, doc: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from analysis.decide_cli import build_parser as recommend_parser
 from analysis.decision import RULES, recommend
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, on_result, state
-from dashboards.decision_view import decision_html, labels_of, recommend_command
+from dashboards.decision_view import decision_html, labels_of, named_configs, recommend_command
 from servetune.schema import DATASET_FILE, DB_FILE
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class DecisionPage(pn.viewable.Viewer):
         assert ctx.folder is not None
         self.ctx, self.folder = ctx, ctx.folder
         ds, df = state.dataset(self.folder), state.table(self.folder)
-        self.load_points = sorted({str(v) for v in df["load_point"].astype(str)} - {""}) if "load_point" in df else []
+        self.load_points = sorted(set(df["load_point"].astype(str).unique().tolist()) - {""}) if "load_point" in df else []
         try:
             preset = parse_weights(ctx.arg("weights") or None) or {}
         except AnalysisInputError:
@@ -190,7 +190,7 @@ class DecisionPage(pn.viewable.Viewer):
         self.doc = doc
         command = recommend_command(self.cli_target(), inputs["weights"], inputs["slos"],
                                     inputs["rule"], inputs["include_drift"], inputs["cross_hardware"], inputs["prices"])
-        labels = labels_of(state.table(self.folder))
+        labels = labels_of(state.table(self.folder), named_configs(doc))
         self.body.objects = [pn.pane.HTML(
             f"<div class='st-decision' data-mode='{esc(doc.get('mode'))}'>"
             f"{decision_html(doc, serve_commands(self.folder, doc), labels)}"
