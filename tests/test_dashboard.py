@@ -14,6 +14,7 @@ Runtime: about 1.5-2.5 min on 2 cores after the shared sweep (which other tests 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -124,10 +125,18 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     build_planted(root / "planted")
     build_big(root / "big")
     trap = build_slo_trap(root / "slo-trap")
+    log = ARTIFACTS / "dashboard-server.log"
+    with panel_served(root, log) as (proc, port):
+        yield Served(proc, port, root, trap, log)
+
+
+@contextlib.contextmanager
+def panel_served(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``panel serve dashboards/`` on a free loopback port over the results root ``root``, output
+    to ``log``, once it answers; killed with its process group when the block ends."""
     port = _free_port()
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "dashboard-server.log"
+    log.parent.mkdir(exist_ok=True)
     panel = str(Path(sys.executable).with_name("panel"))
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
@@ -146,7 +155,7 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
                 pass
             assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
             time.sleep(0.5)
-        yield Served(proc, port, root, trap, log)
+        yield proc, port
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -18,14 +18,8 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,10 +30,9 @@ import xarray as xr
 
 from analysis import decide_cli
 from analysis.synthetic_decision import designed
-from tests.test_dashboard import ARTIFACTS, CHROMIUM, PAGE_TIMEOUT_MS, SERVE_DEADLINE_S, Page, _free_port, write_dataset
+from tests import test_dashboard
+from tests.test_dashboard import ARTIFACTS, PAGE_TIMEOUT_MS, Page, panel_served, write_dataset
 from tests.test_decision import DESIGN
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _drifted() -> xr.Dataset:
@@ -146,46 +139,11 @@ def test_bad_input_on_the_page_is_named_not_a_crash(root: Path, monkeypatch: pyt
 
 @pytest.fixture(scope="module")
 def served(root: Path) -> Iterator[str]:
-    port = _free_port()
-    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "dashboard-decision-server.log"
-    panel = str(Path(sys.executable).with_name("panel"))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
-                                 f"--allow-websocket-origin=127.0.0.1:{port}"],
-                                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVE_DEADLINE_S
-        while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=30) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
-            time.sleep(0.5)
+    with panel_served(root, ARTIFACTS / "dashboard-decision-server.log") as (_, port):
         yield f"http://127.0.0.1:{port}/dashboards"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's chromium")
-    with playwright.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
+browser = test_dashboard.browser  # the same fixture: Debian's chromium through playwright
 
 
 def _winner_becomes(tab: Page, config: str) -> None:
