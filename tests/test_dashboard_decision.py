@@ -215,3 +215,27 @@ def test_the_drift_banner_and_switch_in_the_browser(served: str, browser: Any) -
         assert tab.errors == [], tab.errors
     finally:
         tab.close()
+
+
+def test_classes_apart_and_cross_hardware_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    other = dict(DESIGN, A={"burst": (100.0, 120.0), "steady": (100.0, 120.0)})
+    two = xr.concat([designed(DESIGN, hardware_class="h1"), designed(other, hardware_class="h2", seed=1)], dim="trial")
+    two = two.assign_coords(trial=np.arange(two.sizes["trial"]))
+    two.attrs = designed(DESIGN).attrs
+    write_dataset(two, tmp_path / "two", "two")
+    page = _page(tmp_path, "two", monkeypatch)
+    text = _shown(page)
+    classes = re.findall(r"class='st-decision-class' data-class='([^']*)'", text)
+    assert classes == ["h1", "h2"] and _winners(text) == _cli(tmp_path, "two", capsys) == ["B", "A"]
+    assert "data-mode='per-class'" in text and "cross-hardware (" not in text
+    page.cross.value = "per_gpu"
+    text = _shown(page)
+    assert "data-mode='cross-hardware per_gpu'" in text
+    assert _winners(text) == _cli(tmp_path, "two", capsys, "--cross-hardware", "per_gpu")
+    page.cross.value = "per_gpu_hour"  # no prices: refused, naming what is missing
+    assert "st-decision-refused" in _shown(page) and "price" in _shown(page)
+    page.prices.value = "h1=1, h2=4"
+    text = _shown(page)
+    assert _winners(text) == _cli(tmp_path, "two", capsys, "--cross-hardware", "per_gpu_hour", "--gpu-hour-price",
+                                  "h1=1", "--gpu-hour-price", "h2=4")
