@@ -9,7 +9,8 @@ the Pareto front (a Bokeh plot through HoloViews), the
 ranking under the spec's policy (winner, runner-up, whether they are distinguishable, and the
 winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importance with intervals
 and verdicts, partial dependence (curves with their bands), interactions (H² and strength with
-intervals), drift of the baseline re-runs (alarm, suspect trials, XmR charts), the failure map
+intervals), drift of the baseline re-runs (alarm, suspect trials, XmR charts; the ranking says how
+many drift-suspect trials it includes and marks their configs' rows), the failure map
 (regions with Wilson intervals), every warning and the
 causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
 hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
@@ -269,11 +270,26 @@ def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: 
             part["warnings"] = [w for w in part["warnings"] if w.get("section") != "ranking"]
             part["warnings"] += [{**w, "section": "ranking"} for w in ranking.get("warnings", [])]
     doc["policy_source"] = "command line" if policy else "spec"
+    mark_drift_suspect(ds, parts)
     doc["decision"] = decision(ds, seed=seed, hardware_class=hardware.get("hardware_class"))
     if hardware.get("cross_hardware"):
         doc["decision_cross"] = decision(ds, seed=seed, cross_hardware=hardware["cross_hardware"],
                                          prices=hardware.get("prices"))
     return doc
+
+
+def mark_drift_suspect(ds: xr.Dataset, parts: list[dict[str, Any]]) -> None:
+    """Give each document's ranking ``drift_suspect`` (config id -> its drift-suspect trials, from
+    the document's own drift section), so the ranking marks the rows that include them."""
+    table = trial_table(ds)
+    if "trial_id" not in table:
+        return
+    ids, configs = table["trial_id"].astype(str), table["config_id"].astype(str)
+    for part in parts:
+        drift, ranking = part.get("drift"), part.get("ranking")
+        suspect = set((drift.get("suspect") or []) if isinstance(drift, dict) else [])
+        if suspect and isinstance(ranking, dict) and "groups" in ranking:
+            ranking["drift_suspect"] = {str(k): int(v) for k, v in configs[ids.isin(suspect)].value_counts().items()}
 
 
 def decision(ds: xr.Dataset, seed: int = 0, hardware_class: str | None = None, **cross: Any) -> dict[str, Any]:
@@ -514,6 +530,11 @@ def _ranking_html(ranking: dict[str, Any], doc: dict[str, Any], commands: dict[s
              f"<p>{_e(ranking.get('description', ''))}; objective {_e(ranking.get('objective'))}; "
              f"SLOs: {_e(slos or 'none')}. Scores are medians over repeats, intervals from "
              f"{_e(ranking.get('n_boot'))} bootstrap resamples.</p>"]
+    suspect = ranking.get("drift_suspect") or {}
+    if suspect:
+        parts.append(f"<p class='drift-mark'><b>{sum(suspect.values())} drift-suspect trials</b> (measured after the "
+                     "drift alarm, see the drift section) are INCLUDED in this ranking; the rows of configs with such "
+                     "trials say how many. The decision above leaves them out.</p>")
     for group in ranking.get("groups", []):
         rows = group.get("rows") or []
         parts.append(f"<h3>{_e(_group_name(group.get('group', {})))}</h3>")
@@ -534,9 +555,10 @@ def _ranking_html(ranking: dict[str, Any], doc: dict[str, Any], commands: dict[s
             parts.append(f"<p>Serve the winner with:</p><pre>{_e(commands[first['config_id']])}</pre>")
         table_rows = [[_e(r["rank"]), _e(r.get("label") or r["config_id"][:12]), _e(_interval(r.get("score"))),
                        _e(_num(r.get("p_best"))), _e({True: "yes", False: "no", None: "–"}[r.get("slos_met")]),
-                       _e(f"{r['n_ok']}/{r['n_failed']}/{r['n_holes']}")] for r in rows[:TOP_ROWS]]
-        parts.append(_table(["#", "config", "score [95% CI]", "P(best)", "meets SLOs", "ok/failed/holes"],
-                            table_rows))
+                       _e(f"{r['n_ok']}/{r['n_failed']}/{r['n_holes']}")]
+                      + ([_e(suspect.get(r["config_id"], "") or "")] if suspect else []) for r in rows[:TOP_ROWS]]
+        parts.append(_table(["#", "config", "score [95% CI]", "P(best)", "meets SLOs", "ok/failed/holes"]
+                            + (["drift-suspect trials"] if suspect else []), table_rows))
         if len(rows) > TOP_ROWS:
             parts.append(f"<p>… and {len(rows) - TOP_ROWS} more configs.</p>")
     return "".join(parts)

@@ -101,3 +101,21 @@ def test_pane_texts_reads_what_the_page_holds(tmp_path: Path) -> None:
     pn.Column(pn.pane.HTML("<h2>one</h2><p>H² &amp; more</p>")).save(str(page))
     (text,) = pane_texts(page.read_text(encoding="utf-8"))
     assert plain(text).split() == ["one", "H²", "&", "more"]
+
+
+def test_the_ranking_marks_drift_suspect_trials_the_decision_leaves_out() -> None:
+    from analysis.synthetic import planted
+    from dashboards.report import _ranking_html, compute
+
+    ds, _ = planted(n_configs=30, n_params=3, repeats=2, load_points=("short", "long"), baseline_every=10,
+                    drift_at=0.5, drift_size=-0.4, seed=1)
+    doc = compute(ds, n_boot=5)
+    suspect = set(doc["drift"]["suspect"])
+    assert doc["drift"]["alarm"] and suspect
+    marks = doc["ranking"]["drift_suspect"]
+    table = ds.sweep.table()
+    want = table[table["trial_id"].astype(str).isin(suspect)]["config_id"].astype(str).value_counts().to_dict()
+    assert marks == want and sum(marks.values()) == len(suspect)
+    page = plain(_ranking_html(doc["ranking"], doc, {}))
+    assert f"{len(suspect)} drift-suspect trials" in page and "INCLUDED in this ranking" in page
+    assert doc["decision"]["n_drift_excluded"] == len(suspect)  # and the decision leaves them out
