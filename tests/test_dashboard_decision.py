@@ -239,3 +239,16 @@ def test_classes_apart_and_cross_hardware_only_when_asked(tmp_path: Path, monkey
     text = _shown(page)
     assert _winners(text) == _cli(tmp_path, "two", capsys, "--cross-hardware", "per_gpu_hour", "--gpu-hour-price",
                                   "h1=1", "--gpu-hour-price", "h2=4")
+
+
+def test_a_link_presets_the_traffic_mix(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    from dashboards import app
+
+    monkeypatch.setenv("SERVETUNE_RESULTS_ROOT", str(root))
+    with set_curdoc(Document()):
+        shell = app.App({"page": "decision", "experiment": "decide", "weights": "burst=3,steady=1"}, live=False)
+    assert [w.value for w in shell.current.weights] == [3.0, 1.0]
+    assert _winners(_shown(shell.current)) == ["A"]
