@@ -1,10 +1,17 @@
 """The static report: one self-contained HTML file that opens offline.
 
 ``python -m coordinator report EXPERIMENT --out report.html`` runs ``python -m dashboards report``
-(this module's :func:`main`). The report holds the Pareto front (a Bokeh plot through HoloViews), the
+(this module's :func:`main`). Its first section is the decision: what ``python -m coordinator
+recommend EXPERIMENT`` decides with its defaults (:func:`analysis.decision.recommend`: one config per
+hardware class, the rule, the runner-up and margin, what would change the answer, the evidence;
+rendered by :mod:`dashboards.decision_view`, as on the dashboard's Decision page). It then holds
+the Pareto front (a Bokeh plot through HoloViews), the
 ranking under the spec's policy (winner, runner-up, whether they are distinguishable, and the
 winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importance with intervals
-and verdicts, the failure map (regions with Wilson intervals), every warning and the
+and verdicts, partial dependence (curves with their bands), interactions (H² and strength with
+intervals), drift of the baseline re-runs (alarm, suspect trials, XmR charts; the ranking says how
+many drift-suspect trials it includes and marks their configs' rows), the failure map
+(regions with Wilson intervals), every warning and the
 causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
 hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
 :func:`analysis.report.analyze`, exactly what ``analyze --json`` prints. With trials of several
@@ -263,7 +270,73 @@ def compute(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: 
             part["warnings"] = [w for w in part["warnings"] if w.get("section") != "ranking"]
             part["warnings"] += [{**w, "section": "ranking"} for w in ranking.get("warnings", [])]
     doc["policy_source"] = "command line" if policy else "spec"
+    mark_drift_suspect(ds, parts)
+    doc["decision"] = decision(ds, seed=seed, hardware_class=hardware.get("hardware_class"))
+    if hardware.get("cross_hardware"):
+        doc["decision_cross"] = decision(ds, seed=seed, cross_hardware=hardware["cross_hardware"],
+                                         prices=hardware.get("prices"))
     return doc
+
+
+def mark_drift_suspect(ds: xr.Dataset, parts: list[dict[str, Any]]) -> None:
+    """Give each document's ranking ``drift_suspect`` (config id -> its drift-suspect trials, from
+    the document's own drift section), so the ranking marks the rows that include them."""
+    table = trial_table(ds)
+    if "trial_id" not in table:
+        return
+    ids, configs = table["trial_id"].astype(str), table["config_id"].astype(str)
+    for part in parts:
+        drift, ranking = part.get("drift"), part.get("ranking")
+        suspect = set((drift.get("suspect") or []) if isinstance(drift, dict) else [])
+        if suspect and isinstance(ranking, dict) and "groups" in ranking:
+            ranking["drift_suspect"] = {str(k): int(v) for k, v in configs[ids.isin(suspect)].value_counts().items()}
+
+
+def decision(ds: xr.Dataset, seed: int = 0, hardware_class: str | None = None, **cross: Any) -> dict[str, Any]:
+    """What ``python -m coordinator recommend`` decides with its defaults (equal weights, the spec's
+    SLOs, the weighted rule, drift-suspect trials left out, its number of resamples), as JSON;
+    ``{"skipped": why}`` when the data cannot support a decision."""
+    from analysis.decide_cli import build_parser as recommend_parser
+    from analysis.decision import recommend
+
+    if hardware_class is not None:
+        ds = dict(per_class(ds)).get(hardware_class, ds)
+    try:
+        n_boot = int(recommend_parser().get_default("n_boot"))
+        return dict(jsonable(recommend(ds, n_boot=n_boot, seed=seed, **cross)))
+    except AnalysisInputError as exc:
+        return {"skipped": str(exc)}
+
+
+def _model_argument(ds: xr.Dataset, model: str | None) -> Any:
+    try:
+        identity = json.loads(ds.attrs.get("model", "") or "{}")
+    except ValueError:
+        identity = {}
+    return model_argument(identity if isinstance(identity, dict) else {}, model)
+
+
+def decision_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = None,
+                      served_model_name: str | None = None) -> dict[str, str]:
+    """config id -> the ``vllm serve`` command of each class's recommended config (the decision's
+    winners; a cross-hardware entry ``<id>@<class>`` gets its config's command)."""
+    from analysis.decision import serve_params
+
+    out: dict[str, str] = {}
+    marg = _model_argument(ds, model)
+    for key in ("decision", "decision_cross"):
+        part = doc.get(key) or {}
+        cross = str(part.get("mode", "")).startswith("cross-hardware")
+        for c in part.get("classes") or []:
+            cid = str((c.get("winner") or {}).get("config_id") or "")
+            if not cid or cid in out:
+                continue
+            plain = cid.rsplit("@", 1)[0] if cross else cid
+            prov = {"experiment": doc.get("experiment"), "spec": str(ds.attrs.get("spec_hash", ""))[:12],
+                    "config": plain[:12], "vLLM": ds.attrs.get("vllm_version"), "decision": part.get("rule")}
+            out[cid] = serve_command(engine_config_from_params(serve_params(ds, plain)), marg, served_model_name,
+                                     prov).text()
+    return out
 
 
 def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = None,
@@ -280,11 +353,7 @@ def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = Non
         return {}
     df = trial_table(ds)
     positions = {cid: i for i, cid in reversed(list(enumerate(df["config_id"].astype(str))))}
-    try:
-        identity = json.loads(ds.attrs.get("model", "") or "{}")
-    except ValueError:
-        identity = {}
-    marg = model_argument(identity if isinstance(identity, dict) else {}, model)
+    marg = _model_argument(ds, model)
     out: dict[str, str] = {}
     for group in ranking["groups"]:
         rows = group.get("rows") or []
@@ -296,6 +365,17 @@ def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = Non
                 "config": cid[:12], "vLLM": ds.attrs.get("vllm_version"), "policy": ranking.get("policy")}
         out[cid] = serve_command(engine_config_from_params(params), marg, served_model_name, prov).text()
     return out
+
+
+def _model_text(raw: Any) -> str:
+    """The dataset's model identity (JSON) in words: ``path synthetic, revision main``."""
+    try:
+        identity = json.loads(raw) if isinstance(raw, str) and raw else raw
+    except ValueError:
+        return str(raw)
+    if isinstance(identity, dict):
+        return ", ".join(f"{k} {v}" for k, v in identity.items() if v not in (None, "")) or "unknown"
+    return str(identity or "unknown")
 
 
 def provenance(ds: xr.Dataset, doc: dict[str, Any]) -> list[tuple[str, str]]:
@@ -310,7 +390,7 @@ def provenance(ds: xr.Dataset, doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("spec hash", str(ds.attrs.get("spec_hash", ""))),
         ("vLLM version", str(ds.attrs.get("vllm_version", ""))),
         ("hardware", str(ds.attrs.get("hardware_classes", ""))),
-        ("model", str(ds.attrs.get("model", ""))),
+        ("model", _model_text(ds.attrs.get("model", ""))),
         ("design", f"{design.get('design') or 'unknown'}, run order "
                    f"{'randomised' if design.get('randomized') else 'as written'}"),
         ("created", created_s),
@@ -336,6 +416,10 @@ CSS = """
 .st .bar .ci { position: absolute; top: 3px; height: 6px; background: #f4a3a3; }
 .st .bar .est { position: absolute; top: 0; width: 2px; height: 12px; background: #b00020; }
 .st .warn li { margin-bottom: 3px; }
+.st .st-warn { background: #fff4e5; border-left: 4px solid #f0a020; padding: 4px 8px; margin: 2px 0; }
+.st .st-note { color: #555; font-size: 0.9em; }
+.st .st-decision-winner { font-size: 16px; margin: 6px 0; }
+.st .st-decision-rule { background: #f6f8fa; padding: 6px 10px; }
 </style>
 """
 
@@ -352,11 +436,37 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _header_html(ds: xr.Dataset, doc: dict[str, Any]) -> str:
+def _title_html(doc: dict[str, Any]) -> str:
     parts = [f"<h1>servetune report: {_e(doc.get('experiment', ''))}</h1>"]
     if doc.get("synthetic"):
         parts.append('<div class="synthetic">SYNTHETIC DATA: this experiment was generated with planted '
                      "effects; nothing in it was measured.</div>")
+    return "".join(parts)
+
+
+def _decision_section(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str], key: str = "decision") -> str:
+    """The report's first section: what ``python -m coordinator recommend`` decides with its defaults."""
+    from dashboards.decision_view import decision_html, labels_of, named_configs, recommend_command
+
+    dec = doc.get(key) or {}
+    cross = key == "decision_cross"
+    title = "CROSS-HARDWARE decision (asked for)" if cross else "Decision: what to deploy"
+    skipped = _skipped(dec)
+    if skipped:
+        return f'<h2 class="decision">{title}</h2><p>Skipped: {_e(skipped)}</p>'
+    name = doc.get("experiment") or "EXPERIMENT"
+    mode = str(dec.get("mode", ""))
+    cmd = recommend_command(str(name), None, None, cross_hardware=mode.split()[-1] if cross else None)
+    return (f'<h2 class="decision">{title}</h2><p>This is what <code>{_e(cmd)}</code> decides (its defaults: equal '
+            "traffic weights over the load points, the spec's SLOs, the weighted rule, drift-suspect trials left "
+            "out); that command also writes the decision record <code>runs/" + _e(name) + "/decision.json</code>. "
+            "For another traffic mix or other SLO bounds use its <code>--weights</code> and <code>--slo</code> "
+            "options or the dashboard's Decision page (<code>panel serve dashboards/</code>).</p>"
+            + decision_html(dec, commands, labels_of(trial_table(ds), named_configs(dec))))
+
+
+def _header_html(ds: xr.Dataset, doc: dict[str, Any]) -> str:
+    parts = []
     claim = doc.get("design", {}).get("claim", {})
     kind = claim.get("kind", "association")
     parts.append(f'<p class="claim">Differences between configurations are worded as <b>{_e(kind)}s</b>: '
@@ -420,6 +530,11 @@ def _ranking_html(ranking: dict[str, Any], doc: dict[str, Any], commands: dict[s
              f"<p>{_e(ranking.get('description', ''))}; objective {_e(ranking.get('objective'))}; "
              f"SLOs: {_e(slos or 'none')}. Scores are medians over repeats, intervals from "
              f"{_e(ranking.get('n_boot'))} bootstrap resamples.</p>"]
+    suspect = ranking.get("drift_suspect") or {}
+    if suspect:
+        parts.append(f"<p class='drift-mark'><b>{sum(suspect.values())} drift-suspect trials</b> (measured after the "
+                     "drift alarm, see the drift section) are INCLUDED in this ranking; the rows of configs with such "
+                     "trials say how many. The decision above leaves them out.</p>")
     for group in ranking.get("groups", []):
         rows = group.get("rows") or []
         parts.append(f"<h3>{_e(_group_name(group.get('group', {})))}</h3>")
@@ -440,9 +555,10 @@ def _ranking_html(ranking: dict[str, Any], doc: dict[str, Any], commands: dict[s
             parts.append(f"<p>Serve the winner with:</p><pre>{_e(commands[first['config_id']])}</pre>")
         table_rows = [[_e(r["rank"]), _e(r.get("label") or r["config_id"][:12]), _e(_interval(r.get("score"))),
                        _e(_num(r.get("p_best"))), _e({True: "yes", False: "no", None: "–"}[r.get("slos_met")]),
-                       _e(f"{r['n_ok']}/{r['n_failed']}/{r['n_holes']}")] for r in rows[:TOP_ROWS]]
-        parts.append(_table(["#", "config", "score [95% CI]", "P(best)", "meets SLOs", "ok/failed/holes"],
-                            table_rows))
+                       _e(f"{r['n_ok']}/{r['n_failed']}/{r['n_holes']}")]
+                      + ([_e(suspect.get(r["config_id"], "") or "")] if suspect else []) for r in rows[:TOP_ROWS]]
+        parts.append(_table(["#", "config", "score [95% CI]", "P(best)", "meets SLOs", "ok/failed/holes"]
+                            + (["drift-suspect trials"] if suspect else []), table_rows))
         if len(rows) > TOP_ROWS:
             parts.append(f"<p>… and {len(rows) - TOP_ROWS} more configs.</p>")
     return "".join(parts)
@@ -504,20 +620,25 @@ def _warnings_html(doc: dict[str, Any]) -> str:
     sub = doc.get("subsampled", [])
     items = "".join(f"<li><b>{_e(w.get('section'))}</b> [{_e(w.get('code'))}] {_e(w.get('message'))}"
                     f"{' (' + _e(w['subject']) + ')' if w.get('subject') else ''}</li>" for w in warnings)
-    subs = "".join(f"<li>{_e(json.dumps(s))}</li>" for s in sub)
+    subs = "".join(f"<li><b>{_e(s.get('section', ''))}</b>: {_e(s.get('what', ''))}, {_e(s.get('used'))} of "
+                   f"{_e(s.get('of'))}{' (' + _e(s['hardware_class']) + ')' if s.get('hardware_class') else ''}</li>"
+                   if isinstance(s, dict) else f"<li>{_e(s)}</li>" for s in sub)
     return (f"<h2>Warnings ({len(warnings)})</h2><ul class=\"warn\">{items or '<li>none</li>'}</ul>"
             + (f"<h3>Subsampled to stay fast</h3><ul>{subs}</ul>" if subs else ""))
 
 
-def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
+def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str],
+          decided: dict[str, str] | None = None) -> Any:
     """The report as a Panel layout (HTML panes and HoloViews/Bokeh plots): with several hardware
     classes one section per class (never a shared ranking, front or fit), then the asked-for
-    cross-hardware comparison, labelled as such."""
+    cross-hardware comparison, labelled as such. The decision comes first; ``decided`` holds its
+    winners' ``vllm serve`` commands (:func:`decision_commands`), ``commands`` the rankings'."""
     import holoviews as hv  # type: ignore[import-untyped]
     import panel as pn
 
     hv.extension("bokeh", logo=False)
-    items: list[Any] = [_html(_header_html(ds, doc))]
+    decided = decision_commands(ds, doc) if decided is None else decided
+    items: list[Any] = [_html(_title_html(doc) + _decision_section(ds, doc, decided)), _html(_header_html(ds, doc))]
     parts = doc.get("per_hardware_class") or []
     if parts:
         items.append(_html(f"<p class=\"claim\">The trials ran on {len(parts)} hardware classes "
@@ -530,6 +651,8 @@ def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str]) -> Any:
         items += _sections(doc, commands)
     if isinstance(doc.get("cross_hardware"), dict):
         items.append(_html(_cross_html(doc["cross_hardware"])))
+    if isinstance(doc.get("decision_cross"), dict):
+        items.append(_html(_decision_section(ds, doc, decided, "decision_cross")))
     items.append(_html(_warnings_html(doc)))
     return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
 
@@ -556,8 +679,126 @@ def _sections(doc: dict[str, Any], commands: dict[str, str]) -> list[Any]:
                 if note:
                     items.append(_html(f"<p>{_e(note)}</p>"))
     items += [_html(_section_html(doc, "ranking", "Ranking", lambda r: _ranking_html(r, doc, commands))),
-              _html(_section_html(doc, "importance", "Parameter importance", _importance_html)),
-              _html(_section_html(doc, "failure", "Failure map", _failure_html))]
+              _html(_section_html(doc, "importance", "Parameter importance", _importance_html))]
+    items += _pd_items(doc.get("partial_dependence"))
+    items.append(_html(_section_html(doc, "interactions", "Interactions", _interactions_html)))
+    items += _drift_items(doc.get("drift"))
+    items.append(_html(_section_html(doc, "failure", "Failure map", _failure_html)))
+    return items
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _pd_items(section: Any) -> list[Any]:
+    """Partial dependence: per parameter its curve with the 95% band (log axis for a numeric knob
+    spanning a factor of 8 or more, the y axis from 0 so noise does not look like a pattern), and
+    its sentence (modelled and measured)."""
+    import holoviews as hv  # type: ignore[import-untyped]
+    import panel as pn
+
+    title = "<h2>Partial dependence</h2>"
+    skipped = _skipped(section)
+    if skipped or not isinstance(section, list) or not section:
+        return [_html(f"{title}<p>Skipped: {_e(skipped or 'nothing to show')}</p>")]
+    first = section[0]
+    items: list[Any] = [_html(
+        f"{title}<p>How the surrogate's prediction of {_e(first.get('metric'))} ({_e(first.get('scale', ''))}) moves "
+        f"with each parameter, averaged over the others, at load point {_e(first.get('load_point'))}; the band is "
+        "the 95% interval. Each curve's sentence puts the modelled change beside the measured medians. Read each "
+        "main effect together with its interactions (next section): a strong pair makes the average "
+        "curve hide how the effect depends on the other parameter.</p>")]
+    plots: list[Any] = []
+    rows: list[list[str]] = []
+    for pdoc in section:
+        params = pdoc.get("params") or []
+        grid = (pdoc.get("grid") or [[]])[0]
+        est, low, high = pdoc.get("estimate") or [], pdoc.get("low") or [], pdoc.get("high") or []
+        rows.append([_e(", ".join(params)), _e(pdoc.get("verdict") or "–"), _e(pdoc.get("sentence") or "")])
+        ok = [i for i, y in enumerate(est) if isinstance(y, (int, float))]
+        if len(params) != 1 or not _numeric(grid) or len(ok) < 2:
+            continue
+        x = [float(grid[i]) for i in ok]
+        y = [float(est[i]) for i in ok]
+        lo = [float(low[i]) if i < len(low) and low[i] is not None else float(est[i]) for i in ok]
+        hi = [float(high[i]) if i < len(high) and high[i] is not None else float(est[i]) for i in ok]
+        logx = min(x) > 0 and max(x) / min(x) >= 8
+        top = max(hi) * 1.1 if max(hi) > 0 else 1.0
+        opts = {"width": 340, "height": 240, "logx": logx, "ylim": (0, top) if min(lo) >= 0 else None,
+                "xlabel": params[0] + (" (log scale)" if logx else ""), "ylabel": str(pdoc.get("metric"))}
+        band = hv.Area((x, lo, hi), vdims=["low", "high"]).opts(color="#9ecae1", alpha=0.5, line_alpha=0)
+        curve = hv.Curve((x, y)).opts(color="#08519c", line_width=2)
+        plots.append(pn.pane.HoloViews((band * curve).opts(hv.opts.Overlay(title=params[0], **opts)), backend="bokeh"))
+    for i in range(0, len(plots), 3):
+        items.append(pn.Row(*plots[i:i + 3]))
+    items.append(_html(_table(["parameter", "verdict", "what the data say"], rows)))
+    return items
+
+
+def _interactions_html(section: dict[str, Any]) -> str:
+    pairs = section.get("pairs") or []
+    rows = [[_e(" × ".join(p.get("params") or [])), _e(_interval(p.get("h2"))), _e(_interval(p.get("strength"))),
+             _e(_num(p.get("p_value"))), _e(_num(p.get("shap_interaction"))), _e(p.get("source") or "")]
+            for p in pairs[:TOP_ROWS]]
+    more = f"<p>… and {len(pairs) - TOP_ROWS} more pairs.</p>" if len(pairs) > TOP_ROWS else ""
+    claim = section.get("claim") or {}
+    return (f"<h2>Interactions</h2><p>Pairs of parameters whose joint effect on {_e(section.get('target'))} is more "
+            f"than the sum of their own, at load point {_e(section.get('load_point'))} ({_e(section.get('n_trials'))} "
+            "trials). H² is Friedman's share of the pair's joint effect that is interaction (relative: two "
+            "parameters that barely matter can have a large H²); strength is its size against the spread of all "
+            f"predictions. Read as {_e(claim.get('kind', 'association'))}s. Method: {_e(section.get('method', ''))}.</p>"
+            + _table(["pair", "H² [95% CI]", "strength [95% CI]", "p-value", "SHAP interaction", "from"], rows) + more)
+
+
+def _when(us: Any) -> str:
+    if not isinstance(us, (int, float)) or isinstance(us, bool):
+        return "–"
+    return datetime.fromtimestamp(float(us) / 1e6, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _drift_items(section: Any) -> list[Any]:
+    """Drift: the alarm, how many trials it marks suspect, and per baseline chart its limits and an XmR plot."""
+    import holoviews as hv  # type: ignore[import-untyped]
+    import panel as pn
+
+    title = "<h2>Drift of the baseline re-runs</h2>"
+    skipped = _skipped(section)
+    if skipped or not isinstance(section, dict):
+        return [_html(f"{title}<p>Drift could not be checked: {_e(skipped or 'no drift analysis')}.</p>")]
+    charts = section.get("charts") or []
+    if not charts:
+        return [_html(f"{title}<p>Drift could not be checked: no baseline re-runs to chart (this is not a "
+                      "'no drift' result).</p>")]
+    n_suspect = len(section.get("suspect") or [])
+    head = (f"<p class='drift-alarm'><b>Drift alarm</b> at {_e(_when(section.get('alarm_at')))}: {n_suspect} trials "
+            "measured after it are drift-suspect. The decision above leaves them out; the ranking, Pareto and "
+            "importance sections include them (values untouched).</p>" if section.get("alarm") else
+            f"<p>No drift alarm on {len(charts)} baseline chart(s) of {_e(section.get('metric'))}.</p>")
+    rows = [[_e(c.get("load_point")), _e(c.get("hardware_class")), _e(len(c.get("values") or [])),
+             _e(c.get("n_reference")), _e(_num(c.get("centre"))), _e(f"[{_num(c.get('lcl'))}, {_num(c.get('ucl'))}]"),
+             _e(f"{c.get('alarm_rule')} at run {c.get('alarm_index')}" if c.get("alarm_rule") else "none"),
+             _e(_interval({"estimate": c.get("false_alarm_probability")}, pct=True))] for c in charts]
+    items: list[Any] = [_html(title + head + _table(
+        ["load point", "hardware class", "baseline runs", "reference runs", "centre", "control limits", "alarm",
+         "false-alarm probability"], rows))]
+    plots = []
+    for c in charts:
+        values = [v for v in c.get("values") or [] if isinstance(v, (int, float))]
+        if len(values) < 2:
+            continue
+        run = list(range(len(values)))
+        layer = hv.Curve((run, values)).opts(color="steelblue") * hv.Scatter((run, values)).opts(color="steelblue", size=5)
+        for level, dash in ((c.get("centre"), "solid"), (c.get("ucl"), "dashed"), (c.get("lcl"), "dashed")):
+            if isinstance(level, (int, float)):
+                layer = layer * hv.HLine(level).opts(color="crimson" if dash == "dashed" else "black", line_dash=dash)
+        if isinstance(c.get("onset_index"), int):
+            layer = layer * hv.VLine(c["onset_index"]).opts(color="orange", line_dash="dotted")
+        plots.append(pn.pane.HoloViews(layer.opts(hv.opts.Overlay(
+            width=420, height=240, title=f"XmR: {c.get('load_point')} / {c.get('hardware_class')}",
+            xlabel="baseline run", ylabel=str(section.get("metric")))), backend="bokeh"))
+    for i in range(0, len(plots), 2):
+        items.append(pn.Row(*plots[i:i + 2]))
     return items
 
 
@@ -588,7 +829,7 @@ def render(ds: xr.Dataset, policy: str | None = None, n_boot: int = 100, seed: i
 
     doc = compute(ds, policy=policy, n_boot=n_boot, seed=seed, progress=progress, **hardware)
     commands = winner_commands(ds, doc, model, served_model_name)
-    layout = build(ds, doc, commands)
+    layout = build(ds, doc, commands, decision_commands(ds, doc, model, served_model_name))
     buf = io.StringIO()
     layout.save(buf, title=f"servetune report: {doc.get('experiment', '')}", resources=INLINE)
     return make_offline(buf.getvalue())

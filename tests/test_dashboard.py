@@ -14,6 +14,7 @@ Runtime: about 1.5-2.5 min on 2 cores after the shared sweep (which other tests 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,7 +24,6 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -117,13 +117,26 @@ class Served:
         return f"http://127.0.0.1:{self.port}/dashboards" + (f"?{query}" if query else "")
 
 
-@contextmanager
-def panel_serve(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``panel serve dashboards/`` over results root ``root`` (its output in ``log``) once it
-    answers; killed with its process group on exit."""
+@pytest.fixture(scope="module")
+def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    assert e2e_sweep.proc.returncode == 0, e2e_sweep.proc.stderr[-3000:]
+    root = tmp_path_factory.mktemp("dash") / "runs"
+    shutil.copytree(e2e_sweep.folder, root / "e2e")
+    build_planted(root / "planted")
+    build_big(root / "big")
+    trap = build_slo_trap(root / "slo-trap")
+    log = ARTIFACTS / "dashboard-server.log"
+    with panel_served(root, log) as (proc, port):
+        yield Served(proc, port, root, trap, log)
+
+
+@contextlib.contextmanager
+def panel_served(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``panel serve dashboards/`` on a free loopback port over the results root ``root``, output
+    to ``log``, once it answers; killed with its process group when the block ends."""
     port = _free_port()
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
-    ARTIFACTS.mkdir(exist_ok=True)
+    log.parent.mkdir(exist_ok=True)
     panel = str(Path(sys.executable).with_name("panel"))
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
@@ -150,19 +163,6 @@ def panel_serve(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes]
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    assert e2e_sweep.proc.returncode == 0, e2e_sweep.proc.stderr[-3000:]
-    root = tmp_path_factory.mktemp("dash") / "runs"
-    shutil.copytree(e2e_sweep.folder, root / "e2e")
-    build_planted(root / "planted")
-    build_big(root / "big")
-    trap = build_slo_trap(root / "slo-trap")
-    log = ARTIFACTS / "dashboard-server.log"
-    with panel_serve(root, log) as (proc, port):
-        yield Served(proc, port, root, trap, log)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import xarray as xr
 from analysis.hardware import FAILOVER_PREFIX
 from analysis.ranking import rank
 from analysis.synthetic import planted
-from tests.test_dashboard import ARTIFACTS, PAGE_TIMEOUT_MS, Page, browser, panel_serve, write_dataset  # noqa: F401 (browser: a fixture)
+from tests.test_dashboard import ARTIFACTS, PAGE_TIMEOUT_MS, Page, browser, panel_served, write_dataset  # noqa: F401 (browser: a fixture)
 
 A, B = "sim-gpu-a", "sim-gpu-b"
 NAME = "two-classes"
@@ -49,7 +49,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, xr.D
     root = tmp_path_factory.mktemp("dash-hw") / "runs"
     ds, moved = two_classes()
     write_dataset(ds, root / NAME, NAME)
-    with panel_serve(root, ARTIFACTS / "dashboard-hardware-server.log") as (_, port):
+    with panel_served(root, ARTIFACTS / "dashboard-hardware-server.log") as (_, port):
         yield f"http://127.0.0.1:{port}/dashboards", ds, moved
 
 

@@ -1,4 +1,4 @@
-"""The servetune dashboard (``panel serve dashboards/``): one navigation, seven pages.
+"""The servetune dashboard (``panel serve dashboards/``): one navigation, eight pages (the decision first).
 
 :func:`build` returns the page a browser session gets: a Bootstrap template whose sidebar holds the
 experiment picker and the page navigation, both mirrored in the URL query (``?page=pareto&
@@ -34,6 +34,7 @@ warmed_up = False
 
 #: page key -> navigation label, in navigation order
 PAGES: dict[str, str] = {
+    "decision": "Decision: what to deploy",
     "experiments": "Experiments & live status",
     "pareto": "Pareto explorer",
     "parameters": "Parameters",
@@ -145,9 +146,9 @@ class App:
         return Context(name, folder, dict(self.args), self.navigate)
 
     def _show(self) -> None:
-        from dashboards.app import compare, drift, experiments, inspector, parameters, pareto, ranking
+        from dashboards.app import compare, decision, drift, experiments, inspector, parameters, pareto, ranking
 
-        modules = {"experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
+        modules = {"decision": decision, "experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
                    "inspector": inspector, "ranking": ranking, "drift": drift}
         ctx = self._context()
         page = self.nav.value

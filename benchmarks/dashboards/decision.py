@@ -1,0 +1,90 @@
+"""Time the dashboard's Decision page on about 100,000 trials (server side, no browser).
+
+The dataset is SYNTHETIC: ``analysis.synthetic.planted(n_configs=50000, n_params=12, repeats=1,
+load_points=("short", "long"), baseline_every=50, drift_at=0.6)`` (104,000 trials with the
+baseline re-runs), written as a bare ``results.nc`` under a temporary results root. Timed, with
+``time.perf_counter``:
+
+- ``recommend``: :func:`analysis.decision.recommend` with the page's (the CLI's) defaults
+  (``n_boot`` 1000), on the loaded dataset: cold (first call in the process) and warm (again);
+- ``page``: the Decision page built in a Bokeh document (``dashboards.app.App`` with
+  ``page=decision``, as a browser session's first request builds it) until its decision is shown,
+  with the dataset and trial table already loaded (the server's warm-up loads them before it opens
+  its port) but no decision cached: what a first visit costs the server; then a weight change
+  (a new decision) on the same page.
+
+Browser paint is not included (the browser benchmark, ``benchmarks/dashboards/render.py``, times
+the other pages).
+
+    .venv/bin/python -m benchmarks.dashboards.decision [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dashboards.decision")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--configs", type=int, default=50_000)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from analysis.decision import recommend
+    from analysis.synthetic import planted
+    from servetune.netcdf import write_netcdf
+
+    ds, _ = planted(n_configs=args.configs, n_params=12, repeats=1, load_points=("short", "long"), baseline_every=50,
+                    drift_at=0.6, drift_size=-0.3, seed=3)
+    ds.attrs["experiment"] = "bench-decision"
+    ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], "bench-decision", dtype=object)))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "bench-decision").mkdir()
+        write_netcdf(ds, root / "bench-decision" / "results.nc")
+        os.environ["SERVETUNE_RESULTS_ROOT"] = str(root)
+        from bokeh.document import Document
+        from panel.io.state import set_curdoc
+
+        from dashboards.app import App, state
+
+        folder = root / "bench-decision"
+        loaded = state.dataset(folder)
+        state.table(folder)
+        times: dict[str, list[float]] = {"recommend": [], "page first visit": [], "page weight change": []}
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            recommend(loaded, n_boot=1000)
+            times["recommend"].append(time.perf_counter() - t0)
+        for i in range(args.repeats):
+            # a first visit: dataset and table loaded (the warm-up does that), no decision computed yet
+            for key in [k for k in state._FUTURES if k[0] == "decision"]:
+                del state._FUTURES[key]
+            doc = Document()
+            t0 = time.perf_counter()
+            with set_curdoc(doc):
+                app = App({"page": "decision", "experiment": "bench-decision"}, live=False)
+                app.template().server_doc(doc)
+            page = app.current
+            assert "st-decision-winner" in str(page.body.objects[0].object), page.body.objects
+            times["page first visit"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            page.weights[0].value = 2.0 + i
+            assert "st-decision-winner" in str(page.body.objects[0].object)
+            times["page weight change"].append(time.perf_counter() - t0)
+    print(f"{ds.sizes['trial']} trials, {args.repeats} repeats; median [min, max] seconds")
+    for name, values in times.items():
+        print(f"  {name:20s} {statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
