@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         direct = Path(args.experiment)
         folder = direct.parent if direct.suffix == ".nc" and direct.is_file() else resolve_experiment_dir(
-            args.experiment, args.results_root)
+            args.experiment, args.results_root, dataset_only=True)
         ds = load(args.experiment, args.results_root)
         weights = parse_weights(args.weights)
         slos = [parse_slo(s) for s in args.slo] if args.slo is not None else None

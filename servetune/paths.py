@@ -41,11 +41,15 @@ def resolve_experiment_dir(experiment: str | os.PathLike[str], root: str | os.Pa
     if candidate.is_dir() and is_experiment(candidate):
         return candidate
     if candidate.is_file() and candidate.suffix in {".yaml", ".yml"}:
+        # The same bounded loader as the spec's (size, depth, aliases): a spec path given here
+        # is user input like any other.
         import yaml
 
+        from servetune.yamlsafe import MAX_SPEC_BYTES, load_yaml, read_regular_file
+
         try:
-            data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
+            data = load_yaml(read_regular_file(candidate, MAX_SPEC_BYTES, what="experiment spec").decode("utf-8"))
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # YamlRefused is a ValueError
             raise ExperimentNotFoundError(f"cannot read experiment spec {candidate}: {exc}") from None
         name = data.get("name") if isinstance(data, dict) else None
         if not isinstance(name, str):

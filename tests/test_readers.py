@@ -102,3 +102,25 @@ def test_analyze_reads_a_dataset_only_experiment_by_name(root: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc and "synthetic-b" in proc.stdout, "the analysis does not name the experiment it read"
+
+
+def test_recommend_decides_a_dataset_only_experiment_by_name(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.decide_cli import main
+
+    code = main(["copied", "--results-root", str(root), "--json", "--n-boot", "50"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    doc = json.loads(out.out)
+    assert doc["serve_commands"] and doc["inputs"]["experiment"] == "copied", out.out[-2000:]
+    assert (root / "copied" / "decision.json").is_file()
+
+
+def test_a_spec_path_is_read_with_the_bounded_loader(tmp_path: Path) -> None:
+    """Naming an experiment by its spec file goes through the spec's bounded YAML loader: an alias
+    bomb is refused by what it would expand to, not built."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    spec = tmp_path / "bomb.yaml"
+    spec.write_text("\n".join(lines) + "\nname: copied\n")
+    with pytest.raises(ExperimentNotFoundError, match="aliases"):
+        analysis.load(str(spec), tmp_path)
