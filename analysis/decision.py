@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import xarray as xr
+from scipy.stats import binom
 
 from analysis.common import Caveat, Claim, Interval, Notes, claim_for, percentile_interval
 from analysis.crosshw import NORMALISATIONS, _relabel, resolve_prices
@@ -252,7 +253,7 @@ def median_upper_bound(values: np.ndarray, level: float = LEVEL) -> tuple[float,
     n = len(x)
     if n == 0:
         return math.nan, math.nan
-    cdf = np.cumsum([math.comb(n, i) for i in range(n + 1)]) / 2.0 ** n  # P(Bin <= i)
+    cdf = binom.cdf(np.arange(n + 1), n, 0.5)  # P(Bin <= i); exact sums of 2**-n overflow past n ~ 1,023
     k = next((i + 1 for i in range(n) if cdf[i] >= level), n)
     return float(x[k - 1]), float(cdf[k - 1])
 
@@ -373,12 +374,31 @@ def _fmt(v: float | None) -> str:
     return "never in range" if v is None else f"{v:.4g}"
 
 
+def _warn_missing_values(df: pd.DataFrame, cols: list[str], name: str, notes: Notes) -> None:
+    """An ok trial with no value for the objective or an SLO metric cannot enter its config's cell;
+    say how many were left out and from which configs, rather than judging those configs silently
+    on their other repeats."""
+    if df.empty or "status" not in df:
+        return
+    present = [c for c in cols if c in df]
+    ok = df["status"].astype(str) == "ok"
+    bad = ok & ~np.isfinite(df[present].to_numpy(dtype=float)).all(axis=1)
+    if not bad.any():
+        return
+    missing = sorted({c for c in present if (~np.isfinite(df.loc[bad, c].to_numpy(dtype=float))).any()})
+    configs = sorted(set(df.loc[bad, "config_id"].astype(str)))
+    notes.warn("missing_values", f"{int(bad.sum())} ok trial(s) of {len(configs)} config(s) have no value for "
+                                 f"{', '.join(missing)} and were left out of their configs' cells, so those "
+                                 f"configs are judged on their other repeats", name)
+
+
 def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
                   slo_cols: list[tuple[str, float]], weights: dict[str, float], rule: str, n_boot: int,
                   seed: int, notes: Notes) -> ClassDecision:
     lps = list(weights)
     w = np.asarray([weights[lp] for lp in lps], dtype=float)
     cells = _cells(df, obj, slo_cols, lps, n_boot, seed)
+    _warn_missing_values(df, [obj, *[c for c, _ in slo_cols]], name, notes)
     sense = metric_sense(obj)
     base = cells.usable & ~cells.own_failure
     norm = _normalised(np.where(base[:, None], cells.med, np.nan), sense)

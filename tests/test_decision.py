@@ -221,7 +221,7 @@ def test_single_repeat_is_never_called_distinguishable() -> None:
 
 
 @pytest.mark.parametrize("n,k,level", [(3, 3, 0.875), (4, 4, 0.9375), (5, 5, 31 / 32), (10, 9, 1013 / 1024),
-                                       (20, 15, None)])
+                                       (20, 15, None), (1100, 578, None)])
 def test_median_upper_bound_is_the_exact_order_statistic(n: int, k: int, level: float | None) -> None:
     from analysis.decision import median_upper_bound
 
@@ -236,3 +236,15 @@ def test_median_upper_bound_is_the_exact_order_statistic(n: int, k: int, level: 
     sims = 2000
     hits = sum(median_upper_bound(rng.lognormal(0.0, 1.0, n))[0] >= 1.0 for _ in range(sims))
     assert abs(hits / sims - conf) < 4 * math.sqrt(conf * (1 - conf) / sims) + 1e-9
+
+
+def test_an_ok_trial_without_an_slo_value_is_named_not_dropped_silently() -> None:
+    ds = designed()
+    k = int(np.flatnonzero(ds["config_id"].values == "B")[0])
+    ttft = ds["ttft_ms"].values.copy()
+    ttft[k, :] = np.nan
+    ds["ttft_ms"] = (ds["ttft_ms"].dims, ttft)
+    d = recommend(ds, n_boot=N_BOOT)
+    (w,) = [w for w in d.warnings if w.code == "missing_values"]
+    assert "1 ok trial(s) of 1 config(s)" in w.message and "ttft_ms_p99" in w.message
+    assert not any(w.code == "missing_values" for w in recommend(designed(), n_boot=N_BOOT).warnings)
