@@ -217,8 +217,21 @@ class FleetPolicy:
             name: str | None = matches[0]
             if group is not None and group != name:
                 notes.append(f"daemon {daemon_id} declares group {group!r}; the fleet file puts it in {name!r}")
-        else:
+        elif group is not None and (group in self.groups and self.groups[group].fleet_limit is not None
+                                    or any(g.name == group for g in self.declared)
+                                    or group.startswith(ENDPOINT_GROUP_PREFIX)):
+            # A fleet-file (or spec) group is joined by the fleet file's patterns only, and an endpoint
+            # group by measuring that endpoint: a daemon naming one itself could otherwise join its
+            # rotation and lower its limit for every member.
+            notes.append(f"daemon {daemon_id} declares group {group!r}, which the fleet declares without it (or "
+                         f"which is a shared endpoint's): refused; its own group_max_concurrency is ignored")
+            group, group_max_concurrency = None, None
+        if not matches:
             name = group or self.endpoint_group
+            if group is None and group_max_concurrency is not None:
+                notes.append(f"daemon {daemon_id} declares group_max_concurrency={group_max_concurrency} without a "
+                             "group of its own: ignored")
+                group_max_concurrency = None
         m = Member(daemon_id, hardware_class, max_concurrency, name, group_max_concurrency)
         self.members[daemon_id] = m
         if name is None:

@@ -352,3 +352,24 @@ def test_the_example_fleet_file_loads() -> None:
     settings = fleet_settings(Path(__file__).resolve().parents[1] / "configs" / "fleet.yaml")
     assert [g.name for g in settings.groups] == ["shared-endpoint", "box-7"]
     assert settings.groups[1].group_max_concurrency == 2
+
+
+def test_a_daemon_cannot_name_itself_into_a_fleet_or_endpoint_group() -> None:
+    """A fleet-file group is joined by its patterns, an endpoint group by measuring the endpoint: a
+    daemon whose HELLO names either is refused, so it can neither join the rotation nor lower the
+    limit the fleet file gave every member."""
+    clock = Clock()
+    endpoint = "endpoint:http://10.0.0.7:8000"
+    p = FleetPolicy([GroupSettings(name="rack1", daemons=("a*",), group_max_concurrency=4)],
+                    endpoint_group=endpoint, clock=clock)
+    p.join("a1", "H100")
+    evil = p.join("evil", "H100", group="rack1", group_max_concurrency=1)
+    assert p.limit("rack1") == 4 and "evil" not in p.groups["rack1"].members
+    assert any("declares group 'rack1'" in n and "refused" in n for n in evil.notes)
+    assert evil.group == endpoint  # it measures the shared endpoint like any other daemon
+    p.join("y", "H100")
+    p.join("evil2", "H100", group=endpoint, group_max_concurrency=1)
+    p.join("evil3", "H100", group_max_concurrency=1)  # a limit with no group of its own
+    assert p.limit(endpoint) == 1 and all(p.members[d].declared_limit is None for d in ("evil2", "evil3"))
+    p.join("z", "H100", group="mine", group_max_concurrency=2)  # a group of its own still works
+    assert p.group_of("z") == "mine" and p.limit("mine") == 2
