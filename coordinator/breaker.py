@@ -212,10 +212,14 @@ class Drained:
 class ServiceWatch:
     """When each hardware class was last in service, and which are due to be drained."""
 
-    def __init__(self, drain_after_s: float) -> None:
+    def __init__(self, drain_after_s: float, first_wait_s: float = 0.0) -> None:
         self.drain_after_s = drain_after_s
+        #: A class none of whose daemons has joined yet (they may still be starting: a preflight
+        #: imports vLLM) is drained only after the longer of this and ``drain_after_s``.
+        self.first_wait_s = first_wait_s
         self.out_since: dict[str, float] = {}  # class -> first instant seen out of service
         self.known: set[str] = set()
+        self.served: set[str] = set()  # classes a daemon of which joined, or was in service
         self.drained: set[str] = set()  # classes drained in their current outage
 
     def update(self, now: float, in_service: dict[str, bool], probing: set[str]) -> list[tuple[str, float]]:
@@ -229,9 +233,11 @@ class ServiceWatch:
             if in_service.get(cls, False):
                 self.out_since.pop(cls, None)
                 self.drained.discard(cls)
+                self.served.add(cls)
                 continue
             since = self.out_since.setdefault(cls, now)
-            if cls not in self.drained and cls not in probing and now - since >= self.drain_after_s:
+            after = self.drain_after_s if cls in self.served else max(self.drain_after_s, self.first_wait_s)
+            if cls not in self.drained and cls not in probing and now - since >= after:
                 self.drained.add(cls)
                 due.append((cls, since))
         return due

@@ -272,7 +272,7 @@ class ControlCore:
         self.given_up: set[str] = set()
         #: Per-daemon circuit breakers, the drain of classes out of service, every retry (coordinator.breaker).
         self.breaker = BreakerBoard(self.settings.breaker_failures, self.settings.recovery_after_s)
-        self.service = ServiceWatch(2 * self.settings.recovery_after_s)
+        self.service = ServiceWatch(2 * self.settings.recovery_after_s, first_wait_s=self.settings.daemon_wait_s)
         self.retries = RetryLedger()
         self._attempts = dict(self.attempts)
         self._accepted = dict(self.accepted)
@@ -556,6 +556,7 @@ class ControlCore:
                                                 key=key)
         self._no_daemon_since = None
         self.service.known.add(fp.hardware_class)
+        self.service.served.add(fp.hardware_class)  # its daemons have started: the cool-down rule applies
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         caps = msg.capabilities
         joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,

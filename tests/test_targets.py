@@ -326,7 +326,9 @@ def test_failover_work_is_granted_only_to_the_failover_class() -> None:
 def test_a_target_class_that_never_joins_fails_over_where_declared_and_drains_where_not() -> None:
     """The drain (coordinator.breaker) meets failover: with only an H200 daemon in service, the
     H100 target's batches move to the H200 (new ids, tagged) after two cool-downs, and the A100
-    filter's (no failover declared) become holes; the moved work is measured on the H200 only."""
+    filter's (no failover declared) become holes; the moved work is measured on the H200 only. A
+    class no daemon of which has joined waits the sweep's daemon wait (3 s here), not only the two
+    cool-downs (2 s): its daemons may still be starting."""
     from coordinator.breaker import Drained
     from coordinator.control import FailedOver
 
@@ -334,12 +336,14 @@ def test_a_target_class_that_never_joins_fails_over_where_declared_and_drains_wh
     plan = plan_grid(spec)
     clock = Clock()
     c = ControlCore(spec=spec, work=[BatchWork(b, b.trials) for b in plan.batches],
-                    settings=SETTINGS.model_copy(update={"recovery_after_s": 1.0}), clock=clock)
+                    settings=SETTINGS.model_copy(update={"recovery_after_s": 1.0, "daemon_wait_s": 3.0}), clock=clock)
     c.handle("x1", hello("x1", H200))
     c.tick()
     clock.t += 1.9
     assert not [e for e in c.tick() if isinstance(e, (FailedOver, Drained))], "not before two cool-downs"
     clock.t += 0.2
+    assert not [e for e in c.tick() if isinstance(e, (FailedOver, Drained))], "not before the daemon wait"
+    clock.t += 1.0
     out = c.tick()
     moved = [e.failover for e in out if isinstance(e, FailedOver)]
     drained = [e for e in out if isinstance(e, Drained)]
