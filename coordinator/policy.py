@@ -249,6 +249,9 @@ class FleetPolicy:
         m = self.members.pop(daemon_id, None)
         if m is not None and m.group is not None:
             g = self.groups[m.group]
+            at = g.members.index(daemon_id)
+            if g.last_turn == daemon_id:  # the rotation goes on after it, not from the first member
+                g.last_turn = g.members[at - 1] if len(g.members) > 1 else None
             g.members.remove(daemon_id)
 
     def limit(self, group: str) -> int:

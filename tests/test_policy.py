@@ -373,3 +373,20 @@ def test_a_daemon_cannot_name_itself_into_a_fleet_or_endpoint_group() -> None:
     assert p.limit(endpoint) == 1 and all(p.members[d].declared_limit is None for d in ("evil2", "evil3"))
     p.join("z", "H100", group="mine", group_max_concurrency=2)  # a group of its own still works
     assert p.group_of("z") == "mine" and p.limit("mine") == 2
+
+
+def test_the_rotation_goes_on_after_a_member_that_leaves_on_its_turn() -> None:
+    clock = Clock()
+    p = FleetPolicy([GroupSettings(name="g", daemons=("a", "b", "c"))], clock=clock)
+    for d in "abc":
+        p.join(d, "cpu")
+        p.asked(d)
+    idle: Callable[[str], int] = lambda d: 0  # noqa: E731
+    work: Callable[[str], bool] = lambda c: True  # noqa: E731
+    assert p.next_turn("g", idle, work) == "a"
+    p.granted("a")
+    assert p.next_turn("g", idle, work) == "b"
+    p.granted("b")
+    p.asked("a")  # a asks again at once: it had its turn, c has not
+    p.leave("b")  # the last one granted leaves: c is next, not a again
+    assert p.next_turn("g", idle, work) == "c"
