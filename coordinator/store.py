@@ -434,10 +434,10 @@ class Store:
         """Write the result files of committed records not yet written (``pending_results`` rows
         after ``after_rowid``), from any process, the store opened read-only included; never over
         a different file. Flushed to disk before it returns. Returns the last row id seen."""
-        rows = self._conn.execute(
+        rows = self._conn.execute(  # iterated, not fetched whole: the writer child's memory stays small
             "SELECT rowid, result_path, record_json FROM pending_results WHERE rowid > ? ORDER BY rowid",
             (after_rowid,),
-        ).fetchall()
+        )
         last = after_rowid
         written = []
         for r in rows:

@@ -51,8 +51,7 @@ from coordinator.control import (
     check_grant_bounds,
     orphans_from,
 )
-from coordinator.dataset import write_dataset
-from coordinator.dataset_writer import DatasetWriter
+from coordinator.dataset_writer import DatasetWriter, write_final
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
 from coordinator.planning import needs_run, plan_experiment
@@ -135,6 +134,14 @@ class SweepReport:
     ok: int = 0
     failed: int = 0
     holes: int = 0
+
+
+def write_dataset(store: Store) -> Path:
+    """:func:`coordinator.dataset.write_dataset`, imported on first use: xarray, pandas and netCDF
+    (~55 MB resident) stay out of a fleet coordinator, whose dataset rewrites are its children's."""
+    from coordinator.dataset import write_dataset as write
+
+    return write(store)
 
 
 def default_daemon_command() -> list[str]:
@@ -274,6 +281,7 @@ class SweepRunner:
         self.keys: SweepKeys | None = None
         self.artifacts: ArtifactSink | None = None
         self._dataset_writer: DatasetWriter | None = None
+        self._wrote_in_child = False
         #: Daemon clock offsets (coordinator.clock): probed on join and every clock_probe_every_s.
         self.clocks: ClockSchedule | None = None
         self.schedule: ScheduleBook | None = None  # breakers, retries, drains (coordinator.schedule)
@@ -412,7 +420,7 @@ class SweepRunner:
             self._stop_child()
             store.end_sweep(sweep_id, status)
             schedule.finished(status, self.core.breaker)
-        dataset_path = write_dataset(store)
+        dataset_path = (write_final(folder) if self._wrote_in_child else None) or write_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
         holes = self._holes(store)
         if holes:
@@ -543,6 +551,7 @@ class SweepRunner:
         if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
             self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
             self.store.defer_result_files = True  # the writer writes them; the store's close any left
+            self._wrote_in_child = True  # and the final rewrite is a child's too (write_final)
         finished_at: float | None = None
         try:
             while not core.finished or self._draining_artifacts(finished_at):
