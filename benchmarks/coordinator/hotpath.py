@@ -36,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     outcome = fake_outcome(fake_fingerprint())
     best: dict[str, float] = {}
-    for rep in range(args.repeats):
+    for _rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             spec = parse_spec(SPEC % ", ".join(str(i + 1) for i in range(args.n)))
             plan = plan_grid(spec)
             store = Store.open(Path(tmp) / "exp")
             store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), None, plan)
             store.defer_result_files = True
-            trials = [m for m in plan.trials()]
+            trials = list(plan.trials())
             for m in trials:
                 store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash="h")
             frames = [encode(Result(session_nonce="s", batch_id="b", trial_id=m.trial_id, epoch=1,
@@ -75,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
                         g = clock()
                         for k, v in zip(t, (b - a, c - b, d - c, e - d, f - e, g - f)):
                             t[k] += v
-                a = clock()
             store.write_result_files()
             store.close()
         for k, v in t.items():
