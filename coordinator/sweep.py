@@ -283,7 +283,6 @@ class SweepRunner:
         self.keys: SweepKeys | None = None
         self.artifacts: ArtifactSink | None = None
         self._dataset_writer: DatasetWriter | None = None
-        self._wrote_in_child = False
         self._clock_dirty, self._clock_next = False, 0.0  # clock.json: estimates not yet written, next write
         #: Daemon clock offsets (coordinator.clock): probed on join and every clock_probe_every_s.
         self.clocks: ClockSchedule | None = None
@@ -373,7 +372,7 @@ class SweepRunner:
                 f"resuming: {len(skipped)} of {total} trials already have results"
                 + (f" ({n_failed_skip} measurement failures kept; --retry-failed re-runs them)" if n_failed_skip else "")
             )
-        dataset_path = write_dataset(store)
+        dataset_path = self._rewrite_dataset(store)
         if not work and not orphans:
             self.console.print("nothing to run: every planned trial has a result")
             if not self.opts.local_daemon and self.artifacts is not None and self.fleet.artifact_drain_s > 0:
@@ -423,7 +422,7 @@ class SweepRunner:
             self._stop_child()
             store.end_sweep(sweep_id, status)
             schedule.finished(status, self.core.breaker)
-        dataset_path = (write_final(folder) if self._wrote_in_child else None) or write_dataset(store)
+        dataset_path = self._rewrite_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
         holes = self._holes(store)
         if holes:
@@ -435,6 +434,13 @@ class SweepRunner:
             ran=self.counts["ok"] + self.counts["failed"], ok=self.counts["ok"], failed=self.counts["failed"],
             holes=len(holes),
         )
+
+    def _rewrite_dataset(self, store: Store) -> Path:
+        """results.nc rewritten whole, now: for a sweep of at least DATASET_BACKGROUND_TRIALS trials
+        by a ``--once`` writer child (:func:`write_final`; this process never imports xarray), else,
+        or if that child fails, here."""
+        big = len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS
+        return (write_final(store.folder) if big else None) or write_dataset(store)
 
     def _collect_leftover_artifacts(self, endpoint: RouterEndpoint, store: Store, lacking: int) -> None:
         """A fleet sweep with nothing to run, where ``lacking`` measured attempts have no artifact
@@ -555,7 +561,6 @@ class SweepRunner:
         if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
             self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
             self.store.defer_result_files = True  # the writer writes them; the store's close any left
-            self._wrote_in_child = True  # and the final rewrite is a child's too (write_final)
         finished_at: float | None = None
         try:
             while not core.finished or self._draining_artifacts(finished_at):
