@@ -23,7 +23,7 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   work, a half-open one exactly one batch (its probe); an accepted result is a success. A class
   with no daemon in service for two cool-downs has its queued work drained (:class:`Drained`).
 - A daemon silent for ``suspect_after_missed`` heartbeat intervals is reported once as suspect
-  (:class:`Notice`); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
+  (:class:`Notice`), by then at the latest (the tick before, when the next tick would be late); one silent for TTL + grace is forgotten (a later message from it gets REJOIN).
 - With no daemon connected for ``daemon_wait_s`` the core stops and returns :class:`NoDaemon`.
 - An idle daemon's READY that finds no work is kept waiting (for up to one heartbeat interval,
   below the daemon's READY re-send interval) rather than answered NO_WORK at once: work that
@@ -286,6 +286,10 @@ class ControlCore:
         #: finds none, and is granted, oldest first, by a later tick with budget (a READY handled in a
         #: pass with budget left is granted at once; see ``coordinator.sweep.GRANTS_PER_PASS``).
         self.grant_budget: int | None = None
+        #: How often the adapter calls :meth:`tick` (0: unknown). A daemon is suspected at the first
+        #: tick after which it would be silent past ``suspect_after_s`` by the next one, so that the
+        #: suspicion comes *by* ``suspect_after_s`` of silence, not up to a tick later.
+        self.check_every_s = 0.0
         for orphan in self.orphans:
             lease = Lease(
                 batch_id=orphan.work.batch_id, daemon_id=orphan.daemon_id, work=orphan.work,
@@ -369,7 +373,7 @@ class ControlCore:
         out: list[Instruction] = []
         for d in list(self.daemons.values()):
             silent = now - d.last_seen
-            if not d.suspect and silent > s.suspect_after_s:
+            if not d.suspect and silent + self.check_every_s > s.suspect_after_s:
                 d.suspect = True
                 for lease in self.leases.held_by(d.daemon_id):
                     if lease.state is LeaseState.ACTIVE:

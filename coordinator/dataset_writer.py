@@ -16,8 +16,10 @@ stdin to say "there is something new", never waits for it, and coalesces request
 Contract:
 
 - The child is the only writer of ``results.nc`` while it runs; :meth:`DatasetWriter.close` stops
-  it (and waits, bounded) before the sweep's final rewrite, which the coordinator does itself,
-  synchronously and complete.
+  it (and waits, bounded) before the sweep's final rewrite, which is synchronous and complete:
+  :func:`write_final` runs it in one more child (``--once``) and waits for it, so that the
+  coordinator's own process never imports xarray, pandas or netCDF (their ~55 MB stay out of its
+  resident set), and writes it in-process only if that child fails.
 - The child ends when its stdin closes (the coordinator stopped, or died: the pipe's end closes
   with it) and, on Linux, with a SIGKILL when its parent dies; a rewrite in progress then leaves
   the previous ``results.nc`` in place (each rewrite replaces the file atomically).
@@ -146,8 +148,42 @@ def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
                 pending = True
 
 
+def write_final(folder: Path, *, python: str = sys.executable, timeout_s: float = 600.0) -> Path | None:
+    """The sweep's final ``results.nc`` rewrite in a child process (``--once``), waited for; its
+    path, or None when the child failed or ran past ``timeout_s`` (the caller then rewrites it
+    itself). The store must be committed: the child opens it read-only."""
+    from servetune.schema import DATASET_FILE
+
+    try:
+        proc = subprocess.run([python, "-m", "coordinator.dataset_writer", str(folder), "0", "--once"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("the final results.nc writer failed (%s); rewriting in the coordinator", exc)
+        return None
+    if proc.returncode != 0:
+        log.warning("the final results.nc writer exited with code %d; rewriting in the coordinator", proc.returncode)
+        return None
+    return folder / DATASET_FILE
+
+
+def _once(folder: Path) -> int:
+    """``--once``: rewrite results.nc one time, complete (the final rewrite); non-zero on failure."""
+    from coordinator.dataset import write_dataset
+    from coordinator.store import Store
+
+    store = Store.open_readonly(folder)
+    try:
+        write_dataset(store)
+    finally:
+        store.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[2:] == ["--once"]:
+        logging.basicConfig(level=logging.WARNING, format="results.nc writer: %(levelname)s %(message)s")
+        return _once(Path(args[0]))
     _die_with_parent()
     try:
         os.nice(NICENESS)

@@ -434,10 +434,10 @@ class Store:
         """Write the result files of committed records not yet written (``pending_results`` rows
         after ``after_rowid``), from any process, the store opened read-only included; never over
         a different file. Flushed to disk before it returns. Returns the last row id seen."""
-        rows = self._conn.execute(
+        rows = self._conn.execute(  # iterated, not fetched whole: the writer child's memory stays small
             "SELECT rowid, result_path, record_json FROM pending_results WHERE rowid > ? ORDER BY rowid",
             (after_rowid,),
-        ).fetchall()
+        )
         last = after_rowid
         written = []
         for r in rows:
@@ -457,10 +457,13 @@ class Store:
         (from SQLite) any file missing or not holding its record (left by a crash), flush the rest
         to disk, then delete their ``pending_results`` rows. Returns how many rows were settled."""
         self.write_result_files()
-        rows = self._conn.execute("SELECT trial_id, attempt, result_path, record_json FROM pending_results").fetchall()
+        rows = self._conn.execute(  # iterated, not fetched whole: every record's text at once is tens of MB
+            "SELECT trial_id, attempt, result_path, record_json FROM pending_results")
         written = {str(p) for p in self._unsettled}
         to_sync: list[Path] = []
+        settled: list[tuple[str, int]] = []
         for r in rows:
+            settled.append((r["trial_id"], r["attempt"]))
             path = self.folder / r["result_path"]
             to_sync.append(path)
             if str(path) in written:
@@ -476,12 +479,11 @@ class Store:
                     os.fsync(fh.fileno())
             for folder in {p.parent for p in to_sync} | {self.folder / "results"}:
                 _fsync_dir(folder)
-        if rows:
+        if settled:
             with self._tx() as c:
-                c.executemany("DELETE FROM pending_results WHERE trial_id=? AND attempt=?",
-                              [(r["trial_id"], r["attempt"]) for r in rows])
+                c.executemany("DELETE FROM pending_results WHERE trial_id=? AND attempt=?", settled)
         self._unsettled.clear()
-        return len(rows)
+        return len(settled)
 
     def _link_result_file(self, final: Path, text: str, *, fsync: bool) -> None:
         """Create ``final`` holding ``text`` with an exclusive link: never over an existing file."""

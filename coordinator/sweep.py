@@ -51,8 +51,7 @@ from coordinator.control import (
     check_grant_bounds,
     orphans_from,
 )
-from coordinator.dataset import write_dataset
-from coordinator.dataset_writer import DatasetWriter
+from coordinator.dataset_writer import DatasetWriter, write_final
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
 from coordinator.planning import needs_run, plan_experiment
@@ -94,6 +93,8 @@ DATASET_DEBOUNCE_S = 2.0
 DATASET_BACKGROUND_TRIALS = 500
 #: The control core's clock is ticked at most this often (and four times per heartbeat interval).
 TICK_S = 0.1
+#: clock.json (and schedule.json's clock offsets) are rewritten at most this often while estimates come in.
+CLOCK_WRITE_S = 2.0
 #: One pass of the loop reads at most this many messages already queued on the socket (or for
 #: this long), hands them all to the core, commits their store writes in one transaction, then
 #: sends what they answered (see :meth:`SweepRunner._pass`).
@@ -136,6 +137,14 @@ class SweepReport:
     ok: int = 0
     failed: int = 0
     holes: int = 0
+
+
+def write_dataset(store: Store) -> Path:
+    """:func:`coordinator.dataset.write_dataset`, imported on first use: xarray, pandas and netCDF
+    (~55 MB resident) stay out of a fleet coordinator, whose dataset rewrites are its children's."""
+    from coordinator.dataset import write_dataset as write
+
+    return write(store)
 
 
 def default_daemon_command() -> list[str]:
@@ -275,6 +284,7 @@ class SweepRunner:
         self.keys: SweepKeys | None = None
         self.artifacts: ArtifactSink | None = None
         self._dataset_writer: DatasetWriter | None = None
+        self._clock_dirty, self._clock_next = False, 0.0  # clock.json: estimates not yet written, next write
         #: Daemon clock offsets (coordinator.clock): probed on join and every clock_probe_every_s.
         self.clocks: ClockSchedule | None = None
         self.schedule: ScheduleBook | None = None  # breakers, retries, drains (coordinator.schedule)
@@ -363,7 +373,7 @@ class SweepRunner:
                 f"resuming: {len(skipped)} of {total} trials already have results"
                 + (f" ({n_failed_skip} measurement failures kept; --retry-failed re-runs them)" if n_failed_skip else "")
             )
-        dataset_path = write_dataset(store)
+        dataset_path = self._rewrite_dataset(store)
         if not work and not orphans:
             self.console.print("nothing to run: every planned trial has a result")
             if not self.opts.local_daemon and self.artifacts is not None and self.fleet.artifact_drain_s > 0:
@@ -421,7 +431,7 @@ class SweepRunner:
             self._stop_child()
             store.end_sweep(sweep_id, status)
             schedule.finished(status, self.core.breaker)
-        dataset_path = write_dataset(store)
+        dataset_path = self._rewrite_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
         holes = self._holes(store)
         if holes:
@@ -433,6 +443,13 @@ class SweepRunner:
             ran=self.counts["ok"] + self.counts["failed"], ok=self.counts["ok"], failed=self.counts["failed"],
             holes=len(holes),
         )
+
+    def _rewrite_dataset(self, store: Store) -> Path:
+        """results.nc rewritten whole, now: for a sweep of at least DATASET_BACKGROUND_TRIALS trials
+        by a ``--once`` writer child (:func:`write_final`; this process never imports xarray), else,
+        or if that child fails, here."""
+        big = len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS
+        return (write_final(store.folder) if big else None) or write_dataset(store)
 
     def _collect_leftover_artifacts(self, endpoint: RouterEndpoint, store: Store, lacking: int) -> None:
         """A fleet sweep with nothing to run, where ``lacking`` measured attempts have no artifact
@@ -548,6 +565,7 @@ class SweepRunner:
         started = time.monotonic()
         budget = self.spec.budgets.sweep_timeout_s
         tick_every = min(TICK_S, self.fleet.heartbeat_interval_s / 4)
+        core.check_every_s = tick_every  # suspicion by suspect_after_s of silence, not a tick after
         last_tick = 0.0
         if len(self.plan.trials()) >= DATASET_BACKGROUND_TRIALS and self.store is not None:
             self._dataset_writer = DatasetWriter(self.store.folder, debounce_s=DATASET_DEBOUNCE_S)
@@ -581,6 +599,7 @@ class SweepRunner:
                     left = core.stop()
                     self.console.print(f"[yellow]sweep budget of {budget:.0f} s spent: {left} batch(es) left as holes")
         finally:
+            self._write_clocks(force=True)
             if self._dataset_writer is not None:
                 self._dataset_writer.close()  # before the final rewrite, which the caller does itself
                 self._dataset_writer = None
@@ -607,6 +626,7 @@ class SweepRunner:
             self.artifacts.expire(time.monotonic())
         if self.clocks is not None:
             self._clock_report(endpoint, self.clocks.step(core.daemons))
+            self._write_clocks()
 
     def _clock_reply(self, endpoint: RouterEndpoint, got: tuple[str, Message, str]) -> bool:
         """A TIME_REPLY is taken the moment it is read (its arrival is a clock stamp), never queued
@@ -630,13 +650,26 @@ class SweepRunner:
             self.console.print(est.line(), markup=False, highlight=False)
         for daemon_id in step.silent:
             log.warning("clock: daemon %s answered none of its time probes; its offset is unknown", daemon_id)
-        if step.estimates and self.store is not None and self.clocks is not None:
-            try:
-                write_clock_file(self.store.folder, self.clocks.offsets(), self.fleet.clock_probe_every_s)
-            except OSError as exc:
-                log.warning("cannot write %s: %s", self.store.folder / "clock.json", exc)
-            if self.schedule is not None:  # schedule.json carries them too
-                self.schedule.clock_offsets(self.clocks.offsets())
+        if step.estimates:
+            self._clock_dirty = True  # written by the next tick due (_write_clocks), not per estimate
+
+    def _write_clocks(self, *, force: bool = False) -> None:
+        """Write clock.json and schedule.json's offsets when estimates changed, at most every
+        :data:`CLOCK_WRITE_S` (each write holds every daemon's estimate: per estimate, that was
+        O(daemons) work per daemon on the loop); ``force``: now (the loop's end)."""
+        if not self._clock_dirty or self.store is None or self.clocks is None:
+            return
+        now = time.monotonic()
+        if not force and now < self._clock_next:
+            return
+        self._clock_dirty, self._clock_next = False, now + CLOCK_WRITE_S
+        offsets = self.clocks.offsets()
+        try:
+            write_clock_file(self.store.folder, offsets, self.fleet.clock_probe_every_s)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.store.folder / "clock.json", exc)
+        if self.schedule is not None:  # schedule.json carries them too
+            self.schedule.clock_offsets(offsets)
 
     def _pass(self, endpoint: RouterEndpoint, first: tuple[str, Message, str]) -> bool:
         """One pass over the messages already queued (``first`` and up to :data:`DRAIN_MAX` more).

@@ -67,9 +67,12 @@ class RouterEndpoint:
     def recv(self, timeout_ms: int) -> tuple[str, Message, str] | None:
         """One message within ``timeout_ms`` as (routing id, message, CURVE public key), or None.
         Malformed frames and messages from keys no longer admitted are logged and dropped."""
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+        if timeout_ms != 0 and not self._sock.poll(timeout_ms, zmq.POLLIN):
             return None
-        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        try:  # no poll first for a pass's recv(0): one call per message, not two
+            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
         if len(frames) != 2:
             self.dropped["frames"] += 1
             log.warning("dropping message with %d frames (expected 2)", len(frames))

@@ -427,3 +427,16 @@ def test_a_daemon_out_of_service_at_join_is_said_so_on_the_console() -> None:
     notes = [i.text for i in c.handle("d1", msg) if isinstance(i, Notice)]
     assert any("daemon d1 is out of service: GPU 0 runs another process (pid 4242)" in n for n in notes), notes
     assert not any("out of service" in i.text for i in c.handle("d2", hello("d2", "n2")) if isinstance(i, Notice))
+
+
+def test_a_silent_daemon_is_suspected_by_the_threshold_not_a_tick_after_it() -> None:
+    """With ticks every ``check_every_s``, suspicion comes at the last tick before silence would
+    pass ``suspect_after_s`` (3 intervals): by 3 s of silence, never a tick late, never earlier."""
+    clock = Clock()
+    c = core(clock)
+    c.check_every_s = 0.1
+    join(c, "d1", "n1")
+    clock.t += 2.85
+    assert not [i for i in c.tick() if isinstance(i, Notice) and "suspected" in i.text]
+    clock.t += 0.1  # 2.95 s: the next tick (3.05 s) would be late
+    assert [i for i in c.tick() if isinstance(i, Notice) and "d1 suspected" in i.text]
