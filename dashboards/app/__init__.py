@@ -50,6 +50,7 @@ _STYLE = """
 .st-claim-effect {background: #e3f5e1; color: #1d6b16;}
 .st-claim-association {background: #eef; color: #334;}
 .st-claim-weak {background: #fff3d6; color: #7a5200;}
+.st-synthetic {background: #b00020; color: white; padding: 6px 10px; font-weight: bold; margin: 2px 0 6px 0;}
 .st-error {background: #fdecea; border-left: 4px solid #d33; padding: 4px 8px;}
 table.st-table {border-collapse: collapse; font-size: 0.9em;}
 table.st-table td, table.st-table th {border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left;}
@@ -74,6 +75,8 @@ class Context:
     args: dict[str, str]
     navigate: Callable[..., None]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the page being shown (its key in :data:`PAGES`)
+    page: str = ""
 
     def arg(self, name: str, default: str = "") -> str:
         return self.args.get(name, default)
@@ -142,7 +145,7 @@ class App:
     def _context(self) -> Context:
         name = self.experiment.value
         folder = state.find(name) if name else None
-        return Context(name, folder, dict(self.args), self.navigate)
+        return Context(name, folder, dict(self.args), self.navigate, page=str(self.nav.value))
 
     def _show(self) -> None:
         from dashboards.app import compare, drift, experiments, inspector, parameters, pareto, ranking
@@ -151,8 +154,10 @@ class App:
                    "inspector": inspector, "ranking": ranking, "drift": drift}
         ctx = self._context()
         page = self.nav.value
+        from dashboards.app.marks import synthetic_html
+
         title = (f"<h2 class='st-title'>{PAGES[page]}"
-                 f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>")
+                 f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>{synthetic_html(ctx.folder)}")
         if page == "experiments" and isinstance(self.current, experiments.ExperimentsPage) and self.main.objects:
             # Another experiment on the experiments page: the same panes with new text. No new Bokeh
             # models, so a switch made by the periodic tick (a sweep's experiment appearing) cannot

@@ -18,7 +18,9 @@ import panel as pn
 
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, claim_html, esc, state, warnings_html
-from dashboards.app.pareto import metric_options
+from dashboards.app.labels import axis_label, short_labels
+from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.pareto import SUSPECT_COLOUR, metric_options
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +35,18 @@ class ComparePage(pn.viewable.Viewer):
         super().__init__(**params)
         assert ctx.folder is not None
         self.ctx, self.folder = ctx, ctx.folder
-        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
+        self.ds, self.all = state.dataset(self.folder), state.table(self.folder)
+        self.marks = drift_marks(self.folder)
+        self.drift_mode = mode(ctx)
+        self.drift = drift_bar(ctx, self.marks, {
+            "exclude": "they are left out of the comparison and its plots.",
+            "apart": "they are left out of the comparison; their values are drawn beside as red crosses."})
+        self.df = clean(self.all, self.marks)  # what the comparison reads
         runs = self.df[~self.df["is_baseline"].astype(bool)] if "is_baseline" in self.df else self.df
-        first = runs.drop_duplicates("config_id")
-        label_of = dict(zip(first["config_id"].astype(str), first["config_label"].astype(str)))
+        # the differing parameters first: a picker's width cuts the end of a label, never what tells configs apart
+        label_of = state._cached(("short-labels", str(self.folder), state.version(self.folder)),
+                                 lambda: short_labels(self.all))
+        label_of = {c: label_of.get(c, c) for c in runs["config_id"].astype(str).unique()}
         ids = sorted(label_of, key=label_of.__getitem__)
 
         # default pair: the two configs with the most ok repeats (then the best median throughput)
@@ -69,7 +79,9 @@ class ComparePage(pn.viewable.Viewer):
         self.metric = pn.widgets.Select(name="metric", options=metrics,
                                         value="output_throughput" if "output_throughput" in metrics else metrics[0])
         lps = sorted({str(v) for v in runs["load_point"]})
-        self.lp = pn.widgets.Select(name="scenario", options=lps, value=lps[0] if lps else None)
+        want_lp = ctx.arg("load_point")
+        self.lp = pn.widgets.Select(name="scenario", options=lps,
+                                    value=want_lp if want_lp in lps else (lps[0] if lps else None))
         self.min_effect = pn.widgets.FloatSlider(name="minimum effect that matters", start=0.0, end=0.5, step=0.01,
                                                  value=0.05)
         self.body = pn.Column(sizing_mode="stretch_width")
@@ -96,16 +108,25 @@ class ComparePage(pn.viewable.Viewer):
             sub = sub[sub["hardware_class"].astype(str) == c.hardware_class]
         pts = pd.DataFrame({"config": sub["config_id"].map({c.config_a: "a", c.config_b: "b"}),
                             metric: sub[metric].astype(float)}).dropna()
-        dist = (hv.BoxWhisker(pts, "config", metric) * hv.Scatter(pts, "config", metric).opts(
-            size=9, color="black", jitter=0.2)).opts(hv.opts.Overlay(width=380, height=320,
-                                                                      title=f"{metric}: per-repeat values"))
+        yd = hv.Dimension(metric, label=axis_label(metric))
+        layers = [hv.BoxWhisker(pts, "config", yd), hv.Scatter(pts, "config", yd).opts(size=9, color="black", jitter=0.2)]
+        if self.drift_mode == "apart":
+            sus = self.all[self.marks.mask(self.all) & (self.all["load_point"].astype(str) == c.load_point)
+                           & self.all["config_id"].isin([c.config_a, c.config_b])]
+            if len(sus):
+                layers.append(hv.Scatter(pd.DataFrame({"config": sus["config_id"].map({c.config_a: "a", c.config_b: "b"}),
+                                                       metric: sus[metric].astype(float)}).dropna(), "config", yd,
+                                         label="drift-suspect repeat (left out)").opts(
+                    marker="x", size=10, color=SUSPECT_COLOUR, jitter=0.2))
+        dist = hv.Overlay(layers).opts(hv.opts.Overlay(width=420, height=320, title=f"{metric}: per-repeat values"))
         ratio = c.ratio
         ratio_plot = (hv.ErrorBars([(0, ratio.estimate, ratio.estimate - ratio.low, ratio.high - ratio.estimate)],
                                    vdims=["ratio", "neg", "pos"]) if math.isfinite(ratio.low) else hv.ErrorBars([]))
         ratio_plot = (ratio_plot * hv.Scatter([(0, ratio.estimate)], vdims="ratio").opts(size=10)
                       * hv.HLine(1.0).opts(color="grey", line_dash="dashed")
                       * hv.HSpan(1 - c.min_effect, 1 + c.min_effect).opts(color="lightgrey", alpha=0.3)).opts(
-            hv.opts.Overlay(width=260, height=320, title="ratio b / a (95% CI)", xaxis=None))
+            hv.opts.Overlay(width=280, height=320, title="ratio b / a (95% CI)", xaxis=None,
+                            ylabel="ratio of medians b / a"))
         ci = f"[{ratio.low:.3g}, {ratio.high:.3g}]" if math.isfinite(ratio.low) else "(no interval)"
         text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}'><b>verdict: {esc(c.verdict)}</b></div>"
                 f"<div>a = {esc(c.label_a)} (median {c.median_a:.4g}, {c.n_a} repeats); b = {esc(c.label_b)} "
@@ -116,7 +137,7 @@ class ComparePage(pn.viewable.Viewer):
                              pn.Row(pn.pane.HoloViews(dist), pn.pane.HoloViews(ratio_plot))]
 
     def __panel__(self) -> Any:
-        return pn.Column(pn.Row(self.a, self.b, self.metric), self.picker_note, pn.Row(self.lp, self.min_effect), self.body,
+        return pn.Column(self.drift, pn.Row(self.a, self.b, self.metric), self.picker_note, pn.Row(self.lp, self.min_effect), self.body,
                          sizing_mode="stretch_width")
 
 

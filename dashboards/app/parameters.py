@@ -33,6 +33,7 @@ from analysis.importance import ImportanceResult, importance
 from analysis.interactions import InteractionResult, interactions
 from analysis.report import default_metric
 from dashboards.app import Context, claim_html, esc, experiment_page, on_result, state, warnings_html
+from dashboards.app.marks import drift_bar, drift_marks
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,14 @@ class ParametersPage(pn.viewable.Viewer):
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(**params)
         self.folder, self.ds, self.df, self.metric = experiment_page(ctx, default_metric)
+        self.marks = drift_marks(self.folder)
+        suspect = self.marks.mask(self.df)
+        if suspect.any():  # every fit below reads the dataset: give it the clean trials only
+            self.ds = self.ds.isel(trial=~suspect)
+        fits = "they are left out of every fit below"
+        self.drift = drift_bar(ctx, self.marks, {
+            "exclude": f"{fits}.",
+            "apart": f"{fits} (a fitted surface cannot show them apart; the Pareto and Compare pages draw them)."})
         lps = sorted({str(v) for v in self.df["load_point"]})
         ok = self.df[(self.df["status"] == "ok")]
         main_lp = str(ok["load_point"].astype(str).value_counts().idxmax()) if len(ok) else (lps[0] if lps else "")
@@ -203,7 +212,7 @@ class ParametersPage(pn.viewable.Viewer):
 
     def _start_one(self, name: str) -> None:
         fn, render = self._jobs()[name]
-        key = ("params", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
+        key = ("params-clean", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
                self.pd_param.value if name == "pd" else None, tuple(self.selection().values()))
         since = time.strftime("%H:%M:%S")
         self.sections[name].objects = [pn.Row(pn.indicators.LoadingSpinner(value=True, size=24), pn.pane.HTML(
@@ -227,7 +236,7 @@ class ParametersPage(pn.viewable.Viewer):
 
     def __panel__(self) -> Any:
         return pn.Column(
-            pn.Row(self.metric, self.lp, self.hw, self.no_failover),
+            self.drift, pn.Row(self.metric, self.lp, self.hw, self.no_failover),
             pn.pane.HTML("<h3>Importance</h3>"), self.sections["importance"],
             pn.pane.HTML("<h3>Partial dependence</h3>"), self.pd_param, self.sections["pd"],
             pn.pane.HTML("<h3>Interactions</h3>"), self.sections["interactions"],
