@@ -239,3 +239,124 @@ def test_weighted_policy_takes_the_users_weights(server: Server, browser) -> Non
         assert "ttft_ms_p99=-1" in tab.text(".st-weights-refused")
     finally:
         tab.close()
+
+
+# ------------------------------------------------------------------------------------- Pareto, Compare
+
+#: the page's Bokeh models of a given type, read from BokehJS (what the browser draws)
+_MODELS_JS = """(type) => {
+  const out = [];
+  for (const doc of Bokeh.documents) for (const m of doc.all_models) if (m.type === type) out.push(m);
+  return out.map(m => ({label: m.axis_label ?? null, location: m.location ?? null, factors: m.factors ?? null,
+                        palette: m.palette ?? null}));
+}"""
+
+
+def _models(tab: Page, type_: str) -> list[dict]:
+    return list(tab.page.evaluate(_MODELS_JS, type_))
+
+
+def _wait_models(tab: Page, type_: str, ok, timeout_s: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    got: list[dict] = []
+    while time.monotonic() < deadline:
+        got = _models(tab, type_)
+        if ok(got):
+            return got
+        tab.page.wait_for_timeout(250)
+    raise AssertionError(f"{type_} models never satisfied the condition: {got}")
+
+
+def test_pareto_colours_load_points_apart_with_units_and_slo_lines(server: Server, browser) -> None:
+    tab = _open(browser, server, "page=pareto&experiment=planted", ".st-pareto-summary")
+    try:
+        axes = _wait_models(tab, "LinearAxis", lambda a: len(a) >= 2)
+        labels = {a["label"] for a in axes}
+        assert "output_throughput (tok/s)" in labels and "ttft_ms_p99 (ms)" in labels, labels
+        mappers = [m for m in _models(tab, "CategoricalColorMapper") if m["factors"]]
+        groups = [m for m in mappers if sorted(m["factors"]) == ["long sim-gpu-a", "short sim-gpu-a"]]
+        assert groups, f"no colour per load point: {mappers}"
+        assert len(set(groups[0]["palette"][:2])) == 2
+        spans = [s["location"] for s in _models(tab, "Span")]
+        assert 200.0 in spans, f"no SLO line at ttft_ms_p99 = 200 ms: {spans}"
+        tab.shot("marks-pareto")
+    finally:
+        tab.close()
+
+
+_SELECT_JS = """(prefix) => {
+  // the points' source: the largest one with config columns (each front line has a smaller one)
+  let best = null;
+  for (const doc of Bokeh.documents) for (const m of doc.all_models)
+    if (m.type === "ColumnDataSource" && m.data.group && m.data.config_id && m.data.repeats
+        && (best === null || m.data.group.length > best.data.group.length)) best = m;
+  if (best === null) return null;
+  const g = Array.from(best.data.group);
+  const i = g.findIndex(v => v.startsWith(prefix));
+  best.selected.indices = [i];
+  return [g[i], best.data.config_id[i], Number(best.data.repeats[i])];
+}"""
+
+
+def test_pareto_selection_lists_the_trials_of_the_selected_load_point_only(server: Server, browser) -> None:
+    tab = _open(browser, server, "page=pareto&experiment=planted", ".st-pareto-summary")
+    try:
+        _wait_models(tab, "LinearAxis", lambda a: len(a) >= 2)
+        tab.page.wait_for_timeout(1500)
+        picked = tab.page.evaluate(_SELECT_JS, "long")
+        assert picked is not None, "no point source on the page"
+        group, config_id, repeats = picked
+        assert group.startswith("long")
+        tab.page.locator(".st-table-note", has_text="selected configs").wait_for(timeout=TIMEOUT_MS)
+        # the point stands for its repeats at that load point: exactly those trials are listed
+        assert int(tab.attr(".st-table-note", "data-rows")) == repeats
+        lps = {c.inner_text().strip() for c in
+               tab.page.locator(".tabulator-row .tabulator-cell[tabulator-field='load_point']").all()}
+        assert lps == {"long"}, lps
+        trial = tab.page.locator(".tabulator-row .tabulator-cell[tabulator-field='trial']").first.inner_text()
+        assert 0 < len(trial.strip()) <= 12  # a 64-hex id is cut to 12 (synthetic ids are shorter)
+        header = tab.text(".st-trials-table .tabulator-header")
+        assert "output_throughput (tok/s)" in header and "ttft_ms_p99 (ms)" in header, header
+        tab.shot("marks-pareto-selected")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_pareto_table_labels_configs_by_what_differs(server: Server, browser) -> None:
+    import analysis
+
+    full = set(analysis.load(server.root / "planted" / "results.nc").sweep.table()["config_label"].astype(str))
+    tab = _open(browser, server, "page=pareto&experiment=planted", ".st-table-note")
+    try:
+        cell = tab.page.locator(".tabulator-row .tabulator-cell[tabulator-field='config']").first
+        cell.wait_for(timeout=TIMEOUT_MS)
+        label = cell.inner_text().strip()
+        assert label not in full and "=" in label, label  # not the full label: the differing parameters only
+    finally:
+        tab.close()
+
+
+_FITS_JS = """(el) => {
+  const ctx = document.createElement("canvas").getContext("2d");
+  const style = getComputedStyle(el);
+  ctx.font = style.font;
+  const text = el.options[el.selectedIndex].text;
+  const pad = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight) + 24;  // the arrow
+  return [ctx.measureText(text).width, el.clientWidth - pad, text];
+}"""
+
+
+def test_compare_pickers_lead_with_what_differs_and_the_ratio_axis_is_named(server: Server, browser) -> None:
+    tab = _open(browser, server, "page=compare&experiment=planted", ".st-verdict")
+    try:
+        for picker in (".st-a select", ".st-b select"):  # the chosen label fits its picker: nothing cut off
+            text_px, box_px, text = tab.page.locator(picker).first.evaluate(_FITS_JS)
+            assert text_px <= box_px, f"{picker} cuts its label ({text_px:.0f} px in {box_px} px): {text}"
+        axes = _wait_models(tab, "LinearAxis", lambda a: any(x["label"] for x in a))
+        labels = {a["label"] for a in axes}
+        assert "ratio of medians b / a" in labels and "y" not in labels, labels
+        assert "output_throughput (tok/s)" in labels, labels
+        tab.shot("marks-compare")
+    finally:
+        tab.close()

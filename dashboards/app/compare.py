@@ -67,14 +67,20 @@ class ComparePage(pn.viewable.Viewer):
         chosen = [c for c in (pick("a", 0), pick("b", 1)) if c]
         listed = ranked[:MAX_PICKER_OPTIONS]  # a browser cannot take a picker of 90,000 configs
         listed += [c for c in chosen if c not in set(listed)]
-        options = {f"{label_of[i]} ({i[:8]})": i for i in sorted(listed, key=label_of.__getitem__)}
+        seen_labels = pd.Series([label_of[i] for i in listed]).value_counts()
+        # the label alone where it names one config; the id's start is added only to tell duplicates apart
+        options = {(label_of[i] if seen_labels[label_of[i]] == 1 else f"{label_of[i]} ({i[:8]})"): i
+                   for i in sorted(listed, key=label_of.__getitem__)}
         self.picker_note = pn.pane.HTML(
             f"<div class='st-note st-picker-note' data-listed='{len(options)}' data-configs='{len(ids)}'>The pickers "
             f"list the {len(options)} configs with the most ok repeats (then the highest median output throughput) "
             f"of {len(ids)}; compare any other by its id in the URL (<code>?page=compare&amp;a=ID&amp;b=ID</code>, "
             "a prefix is enough).</div>" if len(options) < len(ids) else "", sizing_mode="stretch_width")
-        self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"])
-        self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"])
+        # full width: a picker cut to a fixed width hides the end of the label
+        self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"],
+                                   sizing_mode="stretch_width")
+        self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"],
+                                   sizing_mode="stretch_width")
         metrics = metric_options(self.df)
         self.metric = pn.widgets.Select(name="metric", options=metrics,
                                         value="output_throughput" if "output_throughput" in metrics else metrics[0])
@@ -137,7 +143,7 @@ class ComparePage(pn.viewable.Viewer):
                              pn.Row(pn.pane.HoloViews(dist), pn.pane.HoloViews(ratio_plot))]
 
     def __panel__(self) -> Any:
-        return pn.Column(self.drift, pn.Row(self.a, self.b, self.metric), self.picker_note, pn.Row(self.lp, self.min_effect), self.body,
+        return pn.Column(self.drift, self.a, self.b, self.picker_note, pn.Row(self.metric, self.lp, self.min_effect), self.body,
                          sizing_mode="stretch_width")
 
 

@@ -400,8 +400,8 @@ class ParetoPage(pn.viewable.Viewer):
         if self.drift_mode == "apart" and len(self.suspect_rows):
             rows = np.concatenate([rows, self.suspect_rows])
         if chosen is not None:
-            pairs = pd.Series(table["config_id"].astype(str).iloc[rows].to_numpy()) + "\x00" + self._group_keys(table, rows)
-            rows = rows[pairs.isin({f"{c}\x00{g}" for c, g in chosen}).to_numpy()]
+            pairs = pd.Series(table["config_id"].astype(str).iloc[rows].to_numpy()) + "\t" + self._group_keys(table, rows)
+            rows = rows[pairs.isin({f"{c}\t{g}" for c, g in chosen}).to_numpy()]
         sub = table.iloc[rows]
         suspect = self.marks.mask(sub)
         out = pd.DataFrame({"config": sub["config_id"].astype(str).map(self.labels).to_numpy()})
