@@ -360,3 +360,114 @@ def test_compare_pickers_lead_with_what_differs_and_the_ratio_axis_is_named(serv
         tab.shot("marks-compare")
     finally:
         tab.close()
+
+
+# ------------------------------------------------------------------------------------- layout
+
+_SIZES_JS = "(el) => parseFloat(getComputedStyle(el).fontSize)"
+
+
+def _heading_sizes(tab: Page) -> tuple[float, float]:
+    title = tab.page.locator("h2.st-title").first
+    title.wait_for(state="attached", timeout=TIMEOUT_MS)
+    section = tab.page.locator("h4").first
+    section.wait_for(state="attached", timeout=TIMEOUT_MS)
+    return float(title.evaluate(_SIZES_JS)), float(section.evaluate(_SIZES_JS))
+
+
+def test_heading_sizes_stay_put_across_navigation_and_refresh(server: Server, browser) -> None:
+    tab = _open(browser, server, "page=ranking&experiment=planted", ".st-winner")
+    try:
+        tab.page.wait_for_timeout(1000)
+        first = _heading_sizes(tab)
+        tab.page.locator(".st-nav button", has_text="Pareto explorer").click()
+        tab.page.locator(".st-pareto-summary").first.wait_for(state="attached", timeout=TIMEOUT_MS)
+        tab.page.locator(".st-nav button", has_text="Ranking").click()
+        tab.page.locator(".st-winner").first.wait_for(state="attached", timeout=TIMEOUT_MS)
+        tab.page.wait_for_timeout(1000)
+        after_nav = _heading_sizes(tab)
+        tab.page.reload()
+        tab.page.locator(".st-winner").first.wait_for(state="attached", timeout=TIMEOUT_MS)
+        tab.page.wait_for_timeout(1000)
+        after_reload = _heading_sizes(tab)
+        assert first == after_nav == after_reload, (first, after_nav, after_reload)
+        assert 20 <= first[0] <= 28 and first[1] <= first[0], first
+    finally:
+        tab.close()
+
+
+_PLOTS_JS = """() => {
+  const ctx = document.createElement("canvas").getContext("2d");
+  const out = [];
+  for (const doc of Bokeh.documents) for (const m of doc.all_models) {
+    if (!m.title || typeof m.title.text !== "string" || !m.title.text || !m.width) continue;
+    const t = m.title;
+    ctx.font = `${t.text_font_style} ${t.text_font_size} ${t.text_font}`;
+    out.push({title: t.text, text_px: ctx.measureText(t.text).width, inner: m.inner_width ?? m.width,
+              y: [m.y_range.start, m.y_range.end], log_x: m.x_scale.type === "LogScale"});
+  }
+  return out;
+}"""
+
+
+def _parameters_page(browser, server: Server, query: str) -> tuple[Page, list[dict]]:
+    tab = _open(browser, server, f"page=parameters&experiment=planted&{query}", ".st-drift-banner")
+    for section in ("failure", "pd", "interactions", "importance"):
+        tab.page.locator(f"[data-section='{section}'].st-section-done").first.wait_for(state="attached", timeout=240_000)
+    tab.page.wait_for_timeout(1500)
+    return tab, list(tab.page.evaluate(_PLOTS_JS))
+
+
+def test_parameters_log_axes_whole_titles_and_a_pointer_to_the_strong_interaction(server: Server, browser) -> None:
+    tab, plots = _parameters_page(browser, server, "pd=max_num_batched_tokens")
+    try:
+        assert plots, "no titled plot on the page"
+        for p in plots:  # every title fits its plot (a cut title read "...held-out R²) o")
+            assert p["text_px"] <= p["inner"], p
+        pd_plot = next(p for p in plots if p["title"].startswith("partial dependence"))
+        assert pd_plot["log_x"], "max_num_batched_tokens (512..8192, powers of two) must be on a log axis"
+        # the planted interaction: its main effect points to it
+        pointer = tab.page.locator(".st-interaction-pointer[data-param='max_num_batched_tokens']").first
+        pointer.wait_for(state="attached", timeout=TIMEOUT_MS)
+        assert pointer.get_attribute("data-partner") == "enable_chunked_prefill"
+        tab.shot("marks-parameters")
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
+
+
+def test_partial_dependence_of_a_small_effect_is_not_stretched_to_fill_the_plot(server: Server, browser) -> None:
+    from dashboards.app.parameters import MIN_Y_SPAN
+
+    tab, plots = _parameters_page(browser, server, "pd=block_size")
+    try:
+        pd_plot = next(p for p in plots if p["title"].startswith("partial dependence"))
+        lo, hi = pd_plot["y"]
+        mid = (lo + hi) / 2
+        assert hi - lo >= 2 * MIN_Y_SPAN * abs(mid) * 0.99, (lo, hi)
+    finally:
+        tab.close()
+
+
+def test_holes_created_and_warning_codes_are_explained_in_place(server: Server, browser) -> None:
+    from dashboards.app.codes import MEANING
+
+    tab = _open(browser, server, "page=experiments&experiment=planted", ".st-experiments")
+    try:
+        assert "never measured" in tab.text(".st-holes-help")
+        # a results.nc-only experiment: its time is when that file was written, and the cell says so
+        assert "(results written)" in tab.text("tr[data-exp='planted'] td.st-created") or \
+            tab.attr("tr[data-exp='planted'] td.st-created", "data-us") == "0"
+    finally:
+        tab.close()
+    tab = _open(browser, server, "page=ranking&experiment=single", ".st-winner")
+    try:
+        boxes = tab.page.locator(".st-warn[data-code]").all()
+        assert boxes, "the single-repeat ranking must carry caveats"
+        for box in boxes:
+            code = str(box.get_attribute("data-code"))
+            if code in MEANING:
+                assert MEANING[code] in box.inner_text(), (code, box.inner_text())
+        assert tab.page.locator(".st-code-help").count() >= 1
+    finally:
+        tab.close()

@@ -43,7 +43,12 @@ PAGES: dict[str, str] = {
     "drift": "Drift",
 }
 
+# Heading sizes fixed in px: left to the template, a heading took 18 px on a first load and 32 px after
+# a navigation (the template's and Bokeh's stylesheets reach a pane's shadow root in a different order)
 _STYLE = """
+h2.st-title {font-size: 24px !important; font-weight: 600; margin: 4px 0 8px 0;}
+h3 {font-size: 20px !important; font-weight: 600; margin: 10px 0 4px 0;}
+h4 {font-size: 17px !important; font-weight: 600; margin: 8px 0 4px 0;}
 .st-note {color: #555; font-size: 0.9em;}
 .st-warn {background: #fff4e5; border-left: 4px solid #f0a020; padding: 4px 8px; margin: 2px 0;}
 .st-claim {display: inline-block; padding: 2px 8px; border-radius: 10px; font-size: 0.85em; margin: 2px 0;}
@@ -263,10 +268,19 @@ def claim_html(claim: Any, warnings: Any = ()) -> str:
 
 
 def warnings_html(warnings: Any) -> str:
-    """An analysis result's caveats, one box each (code and message)."""
-    items = list(warnings or [])
-    return "".join(f"<div class='st-warn'><b>{_esc(getattr(w, 'code', ''))}</b>: {_esc(getattr(w, 'message', w))}"
-                   f"{' (' + _esc(w.subject) + ')' if getattr(w, 'subject', '') else ''}</div>" for w in items)
+    """An analysis result's caveats, one box each: code, message, and what the code means
+    (:data:`dashboards.app.codes.MEANING`, in ``span.st-code-help``)."""
+    from dashboards.app.codes import MEANING
+
+    out = []
+    for w in list(warnings or []):
+        code = str(getattr(w, "code", ""))
+        meaning = MEANING.get(code, "")
+        help_ = f" <span class='st-note st-code-help'>({_esc(code)}: {_esc(meaning)})</span>" if meaning else ""
+        out.append(f"<div class='st-warn' data-code='{_esc(code)}'><b title='{_esc(meaning)}'>{_esc(code)}</b>: "
+                   f"{_esc(getattr(w, 'message', w))}"
+                   f"{' (' + _esc(w.subject) + ')' if getattr(w, 'subject', '') else ''}{help_}</div>")
+    return "".join(out)
 
 
 def _esc(text: Any) -> str:

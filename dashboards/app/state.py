@@ -201,7 +201,9 @@ def _read_info(folder: Path, has_store: bool, has_dataset: bool, v: int) -> Expe
         if not has_dataset:
             counts.update({k: live.states.get(k, 0) for k in ("ok", "failed")})
             counts["hole"] = live.states.get("pending", 0)
-        created = created or live.created_us
+        # the store's first spec is when the experiment was created; the dataset's created_at_us is
+        # stamped on every rewrite of results.nc (the last update)
+        created = live.created_us or created
         design = design or live.design
     return ExperimentInfo(folder.name, folder, has_store, has_dataset, counts, created, design, running, synthetic, v)
 
