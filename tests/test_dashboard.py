@@ -14,6 +14,7 @@ Runtime: about 1.5-2.5 min on 2 cores after the shared sweep (which other tests 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -116,18 +117,13 @@ class Served:
         return f"http://127.0.0.1:{self.port}/dashboards" + (f"?{query}" if query else "")
 
 
-@pytest.fixture(scope="module")
-def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    assert e2e_sweep.proc.returncode == 0, e2e_sweep.proc.stderr[-3000:]
-    root = tmp_path_factory.mktemp("dash") / "runs"
-    shutil.copytree(e2e_sweep.folder, root / "e2e")
-    build_planted(root / "planted")
-    build_big(root / "big")
-    trap = build_slo_trap(root / "slo-trap")
+@contextlib.contextmanager
+def panel_serve(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``panel serve dashboards/`` as a user starts it, on a free loopback port with ``root`` as the
+    results root and its output in ``log``; yields (process, port) once it serves, and kills its
+    process group at exit."""
     port = _free_port()
     env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = ARTIFACTS / "dashboard-server.log"
     panel = str(Path(sys.executable).with_name("panel"))
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
@@ -146,7 +142,7 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
                 pass
             assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
             time.sleep(0.5)
-        yield Served(proc, port, root, trap, log)
+        yield proc, port
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -154,6 +150,20 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    assert e2e_sweep.proc.returncode == 0, e2e_sweep.proc.stderr[-3000:]
+    root = tmp_path_factory.mktemp("dash") / "runs"
+    shutil.copytree(e2e_sweep.folder, root / "e2e")
+    build_planted(root / "planted")
+    build_big(root / "big")
+    trap = build_slo_trap(root / "slo-trap")
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "dashboard-server.log"
+    with panel_serve(root, log) as (proc, port):
+        yield Served(proc, port, root, trap, log)
 
 
 @pytest.fixture(scope="module")

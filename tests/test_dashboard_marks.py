@@ -11,28 +11,15 @@ go to ``test-artifacts/dashboard-marks-*.png``.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from tests.test_dashboard import (
-    CHROMIUM,
-    PAGE_TIMEOUT_MS,
-    REPO,
-    SERVE_DEADLINE_S,
-    Page,
-    _free_port,
-    build_planted,
-    write_dataset,
-)
+from tests import test_dashboard
+from tests.test_dashboard import PAGE_TIMEOUT_MS, Page, build_planted, panel_serve, write_dataset
 
 TIMEOUT_MS = PAGE_TIMEOUT_MS
 
@@ -63,45 +50,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     build_planted(root / "planted")
     _build_single(root / "single")
     _build(root / "repeated", repeats=3, seed=4)
-    port = _free_port()
-    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
     log = tmp_path_factory.mktemp("marks-log") / "server.log"
-    panel = str(Path(sys.executable).with_name("panel"))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
-                                 f"--allow-websocket-origin=127.0.0.1:{port}"],
-                                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVE_DEADLINE_S
-        while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=30) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"panel serve did not serve within {SERVE_DEADLINE_S} s"
-            time.sleep(0.5)
+    with panel_serve(root, log) as (_, port):
         yield Server(port, root)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's chromium")
-    with playwright.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
+browser = test_dashboard.browser  # the same module-scoped chromium fixture
 
 
 def _planted_truth(server: Server) -> tuple[int, int]:
