@@ -20,6 +20,7 @@ import math
 from concurrent.futures import Future
 from typing import Any
 
+import pandas as pd
 import panel as pn
 
 from analysis.crosshw import NORMALISATIONS, CrossHardware, compare_hardware, parse_prices
@@ -125,11 +126,12 @@ class RankingPage(pn.viewable.Viewer):
                              pn.indicators.LoadingSpinner(value=True, size=30)]
         folder, v, marks = self.folder, state.version(self.folder), self.marks
 
-        def compute(suspect: bool) -> RankingResult:
+        def compute(suspect: bool) -> tuple[RankingResult, pd.DataFrame]:
+            """The ranking and the trial table it ranked (the page counts and describes that table)."""
             ds, df = state.dataset(folder), state.table(folder)
             df = df[marks.mask(df)] if suspect else clean(df, marks)
             n_boot = 1000 if df["config_id"].nunique() <= BOOTSTRAP_UP_TO else 0
-            return rank(ds, policy=policy, table=df, n_boot=n_boot, include_failover=keep, weights=weights)
+            return rank(ds, policy=policy, table=df, n_boot=n_boot, include_failover=keep, weights=weights), df
 
         keep = not self.no_failover.value
         fut = state.background(("rank", str(folder), v, policy, keep, wkey, "clean"), lambda: compute(False))
@@ -141,9 +143,10 @@ class RankingPage(pn.viewable.Viewer):
             fut2 = state.background(("rank", str(folder), v, policy, keep, wkey, "suspect"), lambda: compute(True))
             on_result(fut2, lambda f: self._done(f, policy, self.apart_body, apart=True))
 
-    def _done(self, fut: Future[RankingResult], policy: str, into: pn.Column, apart: bool = False) -> None:
+    def _done(self, fut: Future[tuple[RankingResult, pd.DataFrame]], policy: str, into: pn.Column,
+              apart: bool = False) -> None:
         try:
-            result = fut.result()
+            result, used = fut.result()
         except AnalysisInputError as exc:
             into.objects = [pn.pane.HTML(f"<div class='st-warn'>{esc(exc)}</div>")]
             return
@@ -152,19 +155,19 @@ class RankingPage(pn.viewable.Viewer):
             into.objects = [pn.pane.HTML(f"<div class='st-error'>ranking failed: {esc(exc)}</div>")]
             return
         if policy == self.policy.value:
-            into.objects = self._render(result, policy, apart)
+            into.objects = self._render(result, policy, used, apart)
 
-    def _render(self, res: RankingResult, policy: str, apart: bool = False) -> list[Any]:
+    def _render(self, res: RankingResult, policy: str, used: pd.DataFrame, apart: bool = False) -> list[Any]:
         ds, df = state.dataset(self.folder), state.table(self.folder)
         n_suspect = int(self.marks.mask(df).sum())
-        used = df[self.marks.mask(df)] if apart else clean(df, self.marks)
+        n_used = int((~used["is_baseline"].astype(bool)).sum()) if "is_baseline" in used else len(used)
         slos = ", ".join(f"{s.get('metric')} p{float(s.get('percentile', 99)):g} <= {s.get('max_ms')} ms"
                          for s in res.slos) or "none"
         which = (f"<h3 class='st-apart' data-suspect='{n_suspect}'>Drift-suspect trials, ranked apart ({n_suspect} trials; "
                  "not comparable with the ranking above)</h3>" if apart else
-                 f"<div class='st-note st-ranked-on' data-trials='{len(df) - n_suspect}' data-left-out='{n_suspect}'>"
-                 f"ranked on {len(df) - n_suspect} of {len(df)} trials"
-                 + (f" ({n_suspect} drift-suspect left out)" if n_suspect else "") + "</div>")
+                 f"<div class='st-note st-ranked-on' data-trials='{n_used}' data-left-out='{len(df) - len(used)}'>"
+                 f"ranked on {n_used} trials (baseline re-runs aside)"
+                 + (f"; {len(df) - len(used)} drift-suspect left out" if len(df) > len(used) else "") + "</div>")
         cards: list[Any] = [pn.pane.HTML(
             f"{which}<div>{claim_html(res.claim)}</div><div class='st-note'>score: {esc(res.score_name)} "
             f"({'higher' if res.higher_is_better else 'lower'} is better); {res.n_boot} bootstrap resamples; "
