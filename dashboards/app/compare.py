@@ -59,9 +59,11 @@ class ComparePage(pn.viewable.Viewer):
         seen = set(ranked)
         ranked += [i for i in ids if i not in seen]
 
+        self.ids = ids
+
         def pick(arg: str, default: int) -> str | None:
             want = ctx.arg(arg)
-            hit = [i for i in ids if want and i.startswith(want)]
+            hit = [i for i in ids if want and i == want] or [i for i in ids if want and i.startswith(want)]
             return hit[0] if hit else (ranked[min(default, len(ranked) - 1)] if ranked else None)
 
         chosen = [c for c in (pick("a", 0), pick("b", 1)) if c]
@@ -95,13 +97,18 @@ class ComparePage(pn.viewable.Viewer):
             w.param.watch(lambda e: self.update(), "value")
         self.update()
 
+    def short_id(self, config_id: str) -> str:
+        """The first 16 characters of ``config_id`` where they name it alone, else all of it."""
+        head = config_id[:16]
+        return head if sum(i.startswith(head) for i in self.ids) == 1 else config_id
+
     def update(self) -> None:
         a, b, metric, lp = self.a.value, self.b.value, self.metric.value, self.lp.value
         if not (a and b):
             self.body.objects = [pn.pane.HTML("<div class='st-note'>needs two configs</div>")]
             return
         if pn.state.location is not None:
-            pn.state.location.update_query(a=a[:16], b=b[:16])
+            pn.state.location.update_query(a=self.short_id(a), b=self.short_id(b))
         try:
             c = self.ds.sweep.compare(a, b, metric=metric, load_point=lp, min_effect=self.min_effect.value,
                                       table=self.df)
@@ -134,7 +141,8 @@ class ComparePage(pn.viewable.Viewer):
             hv.opts.Overlay(width=280, height=320, title="ratio b / a (95% CI)", xaxis=None,
                             ylabel="ratio of medians b / a"))
         ci = f"[{ratio.low:.3g}, {ratio.high:.3g}]" if math.isfinite(ratio.low) else "(no interval)"
-        text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}'><b>verdict: {esc(c.verdict)}</b></div>"
+        text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}' data-a='{esc(c.config_a)}' "
+                f"data-b='{esc(c.config_b)}'><b>verdict: {esc(c.verdict)}</b></div>"
                 f"<div>a = {esc(c.label_a)} (median {c.median_a:.4g}, {c.n_a} repeats); b = {esc(c.label_b)} "
                 f"(median {c.median_b:.4g}, {c.n_b} repeats)</div>"
                 f"<div>ratio of medians b / a: <b>{ratio.estimate:.4g}</b> {ci}; {esc(c.rank_test)}</div>"

@@ -289,7 +289,7 @@ def compare_href(ctx: Context, a: str, b: str, group: dict[str, str]) -> str:
     """The link that opens Compare with configs ``a`` and ``b`` of ``group`` preselected."""
     from urllib.parse import urlencode
 
-    q = {"page": "compare", "experiment": ctx.experiment or "", "a": a[:16], "b": b[:16],
+    q = {"page": "compare", "experiment": ctx.experiment or "", "a": a, "b": b,  # whole ids: a prefix can be shared
          "load_point": group.get("load_point", ""), "drift": ctx.arg("drift", "exclude")}
     return "?" + esc(urlencode({k: v for k, v in q.items() if v}))
 
