@@ -70,6 +70,13 @@ def _planted_truth(server: Server) -> tuple[int, int]:
     return len(res.suspect), int((~df["is_baseline"].astype(bool)).sum())
 
 
+def _suspects(server: Server) -> set[str]:
+    import analysis
+    from analysis.drift import drift
+
+    return set(drift(analysis.load(server.root / "planted" / "results.nc"), metric="output_throughput").suspect)
+
+
 def _open(browser, server: Server, query: str, marker: str) -> Page:
     tab = Page(browser, server.url(query))
     tab.page.locator(marker).first.wait_for(state="attached", timeout=TIMEOUT_MS)
@@ -87,6 +94,15 @@ def test_drift_suspect_trials_are_marked_and_left_out_on_every_page(server: Serv
         if page == "ranking":  # counted from the table the ranking actually read
             assert tab.attr(".st-ranked-on", "data-left-out") == str(n_suspect)
             assert tab.attr(".st-ranked-on", "data-trials") == str(n_runs - n_suspect)
+        if page == "compare":  # each side's repeats are its clean ok trials at the load point
+            import analysis
+
+            df = analysis.load(server.root / "planted" / "results.nc").sweep.table()
+            df = df[~df["trial_id"].astype(str).isin(_suspects(server)) & (df["status"] == "ok")]
+            for side in ("a", "b"):
+                cfg, lp = tab.attr(".st-verdict", f"data-{side}"), tab.attr(".st-verdict", "data-lp")
+                want = int(((df["config_id"] == cfg) & (df["load_point"].astype(str) == lp)).sum())
+                assert tab.attr(".st-verdict", f"data-n-{side}") == str(want), side
         if page == "pareto":  # the front and the table read the clean trials only
             assert tab.attr(".st-pareto-summary", "data-trials") == str(n_runs - n_suspect)
             assert tab.attr(".st-table-note", "data-rows") == str(n_runs - n_suspect)

@@ -142,7 +142,7 @@ class ComparePage(pn.viewable.Viewer):
                             ylabel="ratio of medians b / a"))
         ci = f"[{ratio.low:.3g}, {ratio.high:.3g}]" if math.isfinite(ratio.low) else "(no interval)"
         text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}' data-a='{esc(c.config_a)}' "
-                f"data-b='{esc(c.config_b)}'><b>verdict: {esc(c.verdict)}</b></div>"
+                f"data-b='{esc(c.config_b)}' data-n-a='{c.n_a}' data-n-b='{c.n_b}' data-lp='{esc(c.load_point)}'><b>verdict: {esc(c.verdict)}</b></div>"
                 f"<div>a = {esc(c.label_a)} (median {c.median_a:.4g}, {c.n_a} repeats); b = {esc(c.label_b)} "
                 f"(median {c.median_b:.4g}, {c.n_b} repeats)</div>"
                 f"<div>ratio of medians b / a: <b>{ratio.estimate:.4g}</b> {ci}; {esc(c.rank_test)}</div>"
