@@ -44,13 +44,19 @@ PAGES: dict[str, str] = {
     "drift": "Drift",
 }
 
+# Heading sizes fixed in px: left to the template, a heading took 18 px on a first load and 32 px after
+# a navigation (the template's and Bokeh's stylesheets reach a pane's shadow root in a different order)
 _STYLE = """
+h2.st-title {font-size: 24px !important; font-weight: 600; margin: 4px 0 8px 0;}
+h3 {font-size: 20px !important; font-weight: 600; margin: 10px 0 4px 0;}
+h4 {font-size: 17px !important; font-weight: 600; margin: 8px 0 4px 0;}
 .st-note {color: #555; font-size: 0.9em;}
 .st-warn {background: #fff4e5; border-left: 4px solid #f0a020; padding: 4px 8px; margin: 2px 0;}
 .st-claim {display: inline-block; padding: 2px 8px; border-radius: 10px; font-size: 0.85em; margin: 2px 0;}
 .st-claim-effect {background: #e3f5e1; color: #1d6b16;}
 .st-claim-association {background: #eef; color: #334;}
 .st-claim-weak {background: #fff3d6; color: #7a5200;}
+.st-synthetic {background: #b00020; color: white; padding: 6px 10px; font-weight: bold; margin: 2px 0 6px 0;}
 .st-error {background: #fdecea; border-left: 4px solid #d33; padding: 4px 8px;}
 table.st-table {border-collapse: collapse; font-size: 0.9em;}
 table.st-table td, table.st-table th {border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left;}
@@ -75,6 +81,8 @@ class Context:
     args: dict[str, str]
     navigate: Callable[..., None]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the page being shown (its key in :data:`PAGES`)
+    page: str = ""
 
     def arg(self, name: str, default: str = "") -> str:
         return self.args.get(name, default)
@@ -143,7 +151,7 @@ class App:
     def _context(self) -> Context:
         name = self.experiment.value
         folder = state.find(name) if name else None
-        return Context(name, folder, dict(self.args), self.navigate)
+        return Context(name, folder, dict(self.args), self.navigate, page=str(self.nav.value))
 
     def _show(self) -> None:
         from dashboards.app import compare, decision, drift, experiments, inspector, parameters, pareto, ranking
@@ -152,8 +160,10 @@ class App:
                    "inspector": inspector, "ranking": ranking, "drift": drift}
         ctx = self._context()
         page = self.nav.value
+        from dashboards.app.marks import synthetic_html
+
         title = (f"<h2 class='st-title'>{PAGES[page]}"
-                 f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>")
+                 f"{' &middot; ' + ctx.experiment if ctx.experiment else ''}</h2>{synthetic_html(ctx.folder)}")
         if page == "experiments" and isinstance(self.current, experiments.ExperimentsPage) and self.main.objects:
             # Another experiment on the experiments page: the same panes with new text. No new Bokeh
             # models, so a switch made by the periodic tick (a sweep's experiment appearing) cannot
@@ -259,10 +269,19 @@ def claim_html(claim: Any, warnings: Any = ()) -> str:
 
 
 def warnings_html(warnings: Any) -> str:
-    """An analysis result's caveats, one box each (code and message)."""
-    items = list(warnings or [])
-    return "".join(f"<div class='st-warn'><b>{_esc(getattr(w, 'code', ''))}</b>: {_esc(getattr(w, 'message', w))}"
-                   f"{' (' + _esc(w.subject) + ')' if getattr(w, 'subject', '') else ''}</div>" for w in items)
+    """An analysis result's caveats, one box each: code, message, and what the code means
+    (:data:`dashboards.app.codes.MEANING`, in ``span.st-code-help``)."""
+    from dashboards.app.codes import MEANING
+
+    out = []
+    for w in list(warnings or []):
+        code = str(getattr(w, "code", ""))
+        meaning = MEANING.get(code, "")
+        help_ = f" <span class='st-note st-code-help'>({_esc(code)}: {_esc(meaning)})</span>" if meaning else ""
+        out.append(f"<div class='st-warn' data-code='{_esc(code)}'><b title='{_esc(meaning)}'>{_esc(code)}</b>: "
+                   f"{_esc(getattr(w, 'message', w))}"
+                   f"{' (' + _esc(w.subject) + ')' if getattr(w, 'subject', '') else ''}{help_}</div>")
+    return "".join(out)
 
 
 def _esc(text: Any) -> str:

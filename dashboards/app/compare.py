@@ -18,7 +18,9 @@ import panel as pn
 
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, claim_html, esc, state, warnings_html
-from dashboards.app.pareto import metric_options
+from dashboards.app.labels import axis_label, short_labels
+from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.pareto import SUSPECT_COLOUR, metric_options
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +35,18 @@ class ComparePage(pn.viewable.Viewer):
         super().__init__(**params)
         assert ctx.folder is not None
         self.ctx, self.folder = ctx, ctx.folder
-        self.ds, self.df = state.dataset(self.folder), state.table(self.folder)
+        self.ds, self.all = state.dataset(self.folder), state.table(self.folder)
+        self.marks = drift_marks(self.folder)
+        self.drift_mode = mode(ctx)
+        self.drift = drift_bar(ctx, self.marks, {
+            "exclude": "they are left out of the comparison and its plots.",
+            "apart": "they are left out of the comparison; their values are drawn beside as red crosses."})
+        self.df = clean(self.all, self.marks)  # what the comparison reads
         runs = self.df[~self.df["is_baseline"].astype(bool)] if "is_baseline" in self.df else self.df
-        first = runs.drop_duplicates("config_id")
-        label_of = dict(zip(first["config_id"].astype(str), first["config_label"].astype(str)))
+        # the differing parameters first: a picker's width cuts the end of a label, never what tells configs apart
+        label_of = state._cached(("short-labels", str(self.folder), state.version(self.folder)),
+                                 lambda: short_labels(self.all))
+        label_of = {c: label_of.get(c, c) for c in runs["config_id"].astype(str).unique()}
         ids = sorted(label_of, key=label_of.__getitem__)
 
         # default pair: the two configs with the most ok repeats (then the best median throughput)
@@ -49,27 +59,37 @@ class ComparePage(pn.viewable.Viewer):
         seen = set(ranked)
         ranked += [i for i in ids if i not in seen]
 
+        self.ids = ids
+
         def pick(arg: str, default: int) -> str | None:
             want = ctx.arg(arg)
-            hit = [i for i in ids if want and i.startswith(want)]
+            hit = [i for i in ids if want and i == want] or [i for i in ids if want and i.startswith(want)]
             return hit[0] if hit else (ranked[min(default, len(ranked) - 1)] if ranked else None)
 
         chosen = [c for c in (pick("a", 0), pick("b", 1)) if c]
         listed = ranked[:MAX_PICKER_OPTIONS]  # a browser cannot take a picker of 90,000 configs
         listed += [c for c in chosen if c not in set(listed)]
-        options = {f"{label_of[i]} ({i[:8]})": i for i in sorted(listed, key=label_of.__getitem__)}
+        seen_labels = pd.Series([label_of[i] for i in listed]).value_counts()
+        # the label alone where it names one config; the id's start is added only to tell duplicates apart
+        options = {(label_of[i] if seen_labels[label_of[i]] == 1 else f"{label_of[i]} ({i[:8]})"): i
+                   for i in sorted(listed, key=label_of.__getitem__)}
         self.picker_note = pn.pane.HTML(
             f"<div class='st-note st-picker-note' data-listed='{len(options)}' data-configs='{len(ids)}'>The pickers "
             f"list the {len(options)} configs with the most ok repeats (then the highest median output throughput) "
             f"of {len(ids)}; compare any other by its id in the URL (<code>?page=compare&amp;a=ID&amp;b=ID</code>, "
             "a prefix is enough).</div>" if len(options) < len(ids) else "", sizing_mode="stretch_width")
-        self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"])
-        self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"])
+        # full width: a picker cut to a fixed width hides the end of the label
+        self.a = pn.widgets.Select(name="config a", options=options, value=pick("a", 0), css_classes=["st-a"],
+                                   sizing_mode="stretch_width")
+        self.b = pn.widgets.Select(name="config b", options=options, value=pick("b", 1), css_classes=["st-b"],
+                                   sizing_mode="stretch_width")
         metrics = metric_options(self.df)
         self.metric = pn.widgets.Select(name="metric", options=metrics,
                                         value="output_throughput" if "output_throughput" in metrics else metrics[0])
         lps = sorted({str(v) for v in runs["load_point"]})
-        self.lp = pn.widgets.Select(name="scenario", options=lps, value=lps[0] if lps else None)
+        want_lp = ctx.arg("load_point")
+        self.lp = pn.widgets.Select(name="scenario", options=lps,
+                                    value=want_lp if want_lp in lps else (lps[0] if lps else None))
         self.min_effect = pn.widgets.FloatSlider(name="minimum effect that matters", start=0.0, end=0.5, step=0.01,
                                                  value=0.05)
         self.body = pn.Column(sizing_mode="stretch_width")
@@ -77,13 +97,18 @@ class ComparePage(pn.viewable.Viewer):
             w.param.watch(lambda e: self.update(), "value")
         self.update()
 
+    def short_id(self, config_id: str) -> str:
+        """The first 16 characters of ``config_id`` where they name it alone, else all of it."""
+        head = config_id[:16]
+        return head if sum(i.startswith(head) for i in self.ids) == 1 else config_id
+
     def update(self) -> None:
         a, b, metric, lp = self.a.value, self.b.value, self.metric.value, self.lp.value
         if not (a and b):
             self.body.objects = [pn.pane.HTML("<div class='st-note'>needs two configs</div>")]
             return
         if pn.state.location is not None:
-            pn.state.location.update_query(a=a[:16], b=b[:16])
+            pn.state.location.update_query(a=self.short_id(a), b=self.short_id(b))
         try:
             c = self.ds.sweep.compare(a, b, metric=metric, load_point=lp, min_effect=self.min_effect.value,
                                       table=self.df)
@@ -96,18 +121,28 @@ class ComparePage(pn.viewable.Viewer):
             sub = sub[sub["hardware_class"].astype(str) == c.hardware_class]
         pts = pd.DataFrame({"config": sub["config_id"].map({c.config_a: "a", c.config_b: "b"}),
                             metric: sub[metric].astype(float)}).dropna()
-        dist = (hv.BoxWhisker(pts, "config", metric) * hv.Scatter(pts, "config", metric).opts(
-            size=9, color="black", jitter=0.2)).opts(hv.opts.Overlay(width=380, height=320,
-                                                                      title=f"{metric}: per-repeat values"))
+        yd = hv.Dimension(metric, label=axis_label(metric))
+        layers = [hv.BoxWhisker(pts, "config", yd), hv.Scatter(pts, "config", yd).opts(size=9, color="black", jitter=0.2)]
+        if self.drift_mode == "apart":
+            sus = self.all[self.marks.mask(self.all) & (self.all["load_point"].astype(str) == c.load_point)
+                           & self.all["config_id"].isin([c.config_a, c.config_b])]
+            if len(sus):
+                layers.append(hv.Scatter(pd.DataFrame({"config": sus["config_id"].map({c.config_a: "a", c.config_b: "b"}),
+                                                       metric: sus[metric].astype(float)}).dropna(), "config", yd,
+                                         label="drift-suspect repeat (left out)").opts(
+                    marker="x", size=10, color=SUSPECT_COLOUR, jitter=0.2))
+        dist = hv.Overlay(layers).opts(hv.opts.Overlay(width=420, height=320, title=f"{metric}: per-repeat values"))
         ratio = c.ratio
         ratio_plot = (hv.ErrorBars([(0, ratio.estimate, ratio.estimate - ratio.low, ratio.high - ratio.estimate)],
                                    vdims=["ratio", "neg", "pos"]) if math.isfinite(ratio.low) else hv.ErrorBars([]))
         ratio_plot = (ratio_plot * hv.Scatter([(0, ratio.estimate)], vdims="ratio").opts(size=10)
                       * hv.HLine(1.0).opts(color="grey", line_dash="dashed")
                       * hv.HSpan(1 - c.min_effect, 1 + c.min_effect).opts(color="lightgrey", alpha=0.3)).opts(
-            hv.opts.Overlay(width=260, height=320, title="ratio b / a (95% CI)", xaxis=None))
+            hv.opts.Overlay(width=280, height=320, title="ratio b / a (95% CI)", xaxis=None,
+                            ylabel="ratio of medians b / a"))
         ci = f"[{ratio.low:.3g}, {ratio.high:.3g}]" if math.isfinite(ratio.low) else "(no interval)"
-        text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}'><b>verdict: {esc(c.verdict)}</b></div>"
+        text = (f"<div class='st-verdict' data-verdict='{esc(c.verdict)}' data-a='{esc(c.config_a)}' "
+                f"data-b='{esc(c.config_b)}' data-n-a='{c.n_a}' data-n-b='{c.n_b}' data-lp='{esc(c.load_point)}'><b>verdict: {esc(c.verdict)}</b></div>"
                 f"<div>a = {esc(c.label_a)} (median {c.median_a:.4g}, {c.n_a} repeats); b = {esc(c.label_b)} "
                 f"(median {c.median_b:.4g}, {c.n_b} repeats)</div>"
                 f"<div>ratio of medians b / a: <b>{ratio.estimate:.4g}</b> {ci}; {esc(c.rank_test)}</div>"
@@ -116,7 +151,7 @@ class ComparePage(pn.viewable.Viewer):
                              pn.Row(pn.pane.HoloViews(dist), pn.pane.HoloViews(ratio_plot))]
 
     def __panel__(self) -> Any:
-        return pn.Column(pn.Row(self.a, self.b, self.metric), self.picker_note, pn.Row(self.lp, self.min_effect), self.body,
+        return pn.Column(self.drift, self.a, self.b, self.picker_note, pn.Row(self.metric, self.lp, self.min_effect), self.body,
                          sizing_mode="stretch_width")
 
 

@@ -13,6 +13,7 @@ import panel as pn
 from analysis.drift import DriftChart
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, experiment_page, warnings_html
+from dashboards.app.marks import unchecked_reason
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,10 @@ class DriftPage(pn.viewable.Viewer):
             head = (f"<div class='st-alarm' data-alarm='true'><b>drift alarm</b> at "
                     f"{pd.Timestamp(res.alarm_at, unit='us')} UTC; {len(res.suspect)} trial(s) suspect "
                     f"(measured after the drift began on their hardware): {esc(ids)}</div>")
+        elif not res.charts:
+            head = (f"<div class='st-alarm st-warn' data-alarm='unchecked'><b>drift could not be checked</b> on "
+                    f"{esc(res.metric)}: {esc(unchecked_reason(res.warnings))}. No alarm here does not mean no drift."
+                    "</div>")
         else:
             head = f"<div class='st-alarm' data-alarm='false'>no drift alarm on {esc(res.metric)} ({len(res.charts)} chart(s))</div>"
         parts: list[Any] = [pn.pane.HTML(head + warnings_html(res.warnings), sizing_mode="stretch_width")]

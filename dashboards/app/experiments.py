@@ -17,6 +17,7 @@ from typing import Any
 import panel as pn
 
 from dashboards.app import Context, esc, state
+from dashboards.app.codes import HOLES
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,17 @@ def experiments_html(infos: list[state.ExperimentInfo], chosen: str | None) -> s
             f"target='_self'>{esc(e.name)}</a>{tags}</td><td class='st-trials'>{total}</td>"
             f"<td class='st-ok'>{c.get('ok', 0)}</td><td class='st-failed'>{c.get('failed', 0)}</td>"
             f"<td class='st-hole'>{c.get('hole', 0)}</td><td class='st-running'>{c.get('running', 0)}</td>"
-            f"<td>{_when(e.created_us)}</td><td>{esc(e.design or '-')}</td><td>{kind}</td></tr>")
-    head = ("<tr><th>experiment</th><th>trials</th><th>ok</th><th>failed</th><th>holes</th><th>running</th>"
-            "<th>created</th><th>design</th><th>data</th></tr>")
-    return f"<table class='st-table st-experiments'>{head}{''.join(rows)}</table>"
+            f"<td class='st-created' data-us='{e.created_us}'>{_when(e.created_us)}"
+            f"{'' if e.has_store or not e.created_us else ' (results written)'}</td>"
+            f"<td>{esc(e.design or '-')}</td><td>{kind}</td></tr>")
+    head = (f"<tr><th>experiment</th><th>trials</th><th>ok</th><th>failed</th><th title='{esc(HOLES)}'>holes</th>"
+            "<th>running</th><th class='st-created' title='when the sweep first registered its spec (from the store); "
+            "for an experiment with only results.nc, when that file was written'>created</th><th>design</th>"
+            "<th>data</th></tr>")
+    return (f"<table class='st-table st-experiments'>{head}{''.join(rows)}</table>"
+            f"<div class='st-note st-holes-help'>{esc(HOLES)}. <i>created</i>: when the sweep first registered its "
+            "spec; marked <i>(results written)</i> where only a results.nc exists and the time is when it was "
+            "last written.</div>")
 
 
 def live_html(info: state.ExperimentInfo | None) -> str:

@@ -33,6 +33,7 @@ from analysis.importance import ImportanceResult, importance
 from analysis.interactions import InteractionResult, interactions
 from analysis.report import default_metric
 from dashboards.app import Context, claim_html, esc, experiment_page, on_result, state, warnings_html
+from dashboards.app.marks import drift_bar, drift_marks
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +48,21 @@ def _iv(iv: Any) -> str:
     return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}]" if math.isfinite(iv.low) else f"{iv.estimate:.3g}"
 
 
-def importance_view(r: ImportanceResult) -> Any:
+def importance_view(r: ImportanceResult, pointer: str = "") -> Any:
     rows = [*r.parameters, r.probe]
     df = pd.DataFrame({"parameter": [p.name for p in rows], "importance": [p.permutation.estimate for p in rows],
                        "low": [p.permutation.low for p in rows], "high": [p.permutation.high for p in rows]})
     bars = hv.Bars(df, "parameter", "importance").opts(color="steelblue", invert_axes=True)
     errs = hv.ErrorBars([(p, e, e - lo, hi - e) for p, e, lo, hi in df.itertuples(index=False)
                          if math.isfinite(lo)], vdims=["importance", "neg", "pos"]).opts(invert_axes=True)
-    plot = (bars * errs).opts(hv.opts.Overlay(width=520, height=60 + 28 * len(df),
-                                              title=f"permutation importance (drop in held-out R²) of {r.metric}"))
+    plot = (bars * errs).opts(hv.opts.Overlay(width=max(560, 380 + 7 * max(len(str(n)) for n in df["parameter"])),
+                                              height=60 + 28 * len(df),
+                                              title=f"permutation importance of {r.metric}",
+                                              ylabel="drop in held-out R² when shuffled"))
     table = "".join(f"<tr><td>{p.rank}</td><td>{esc(p.name)}</td><td>{_iv(p.permutation)}</td><td>{_iv(p.shap)}</td>"
                     f"<td class='st-verdict-{'yes' if p.verdict == 'important' else 'no'}'>{esc(p.verdict)}</td></tr>"
                     for p in r.parameters)
-    info = (f"<div class='st-section-done' data-section='importance'>{claim_html(r.claim, r.warnings)}</div>"
+    info = (f"<div class='st-section-done' data-section='importance'>{claim_html(r.claim, r.warnings)}</div>{pointer}"
             f"<div class='st-note'>{r.n_trials} trials, {r.n_boot} bootstrap refits (resampling {r.resampled}); "
             f"out-of-bag R² {r.oob_r2:.2f}; {esc(r.method)}</div>{warnings_html(r.warnings)}"
             f"<table class='st-table'><tr><th>#</th><th>parameter</th><th>permutation</th><th>mean |SHAP|</th>"
@@ -67,7 +70,59 @@ def importance_view(r: ImportanceResult) -> Any:
     return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
 
-def pd_view(r: PDResult) -> Any:
+#: the partial-dependence y axis spans at least this share of the curve's mean either side, so that
+#: a wiggle of a few per cent (noise) is drawn as the small thing it is rather than filling the plot
+MIN_Y_SPAN = 0.10
+#: an interaction whose H² interval starts at or above this is "strong": the main effect of either
+#: parameter depends on the other's level, and the main-effect sections say so
+STRONG_H2 = 0.1
+
+
+def is_power_of_two_knob(levels: list[Any]) -> bool:
+    """Whether a numeric knob's levels are powers of two spanning at least 4x (``max_num_seqs``
+    4..256): drawn on a log axis, where each doubling is one step."""
+    vals = [v for v in levels if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(vals) < 3 or len(vals) != len(levels) or min(vals) <= 0:
+        return False
+    return all(float(v).is_integer() and (int(v) & (int(v) - 1)) == 0 for v in vals) and max(vals) >= 4 * min(vals)
+
+
+def y_range(estimate: list[float], low: list[float], high: list[float]) -> tuple[float, float]:
+    """The y axis of a partial dependence: the curve and its band, widened to at least
+    :data:`MIN_Y_SPAN` of the mean either side of the mean."""
+    vals = [v for v in [*estimate, *low, *high] if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not vals:
+        return (0.0, 1.0)
+    lo, hi = min(vals), max(vals)
+    finite = [v for v in estimate if math.isfinite(v)]
+    centre = sum(finite) / len(finite) if finite else (lo + hi) / 2
+    half = max(abs(centre) * MIN_Y_SPAN, (hi - lo) / 2 * 1.1, 1e-9)
+    mid = (lo + hi) / 2
+    return (min(lo, mid - half), max(hi, mid + half))
+
+
+def strong_partners(r: InteractionResult | None, param: str) -> list[Any]:
+    """The pairs of ``r`` with ``param`` whose H² interval starts at or above :data:`STRONG_H2`."""
+    if r is None:
+        return []
+    return [p for p in r.pairs if param in p.params and math.isfinite(p.h2.low) and p.h2.low >= STRONG_H2]
+
+
+def interaction_pointer(r: InteractionResult | None, params: list[str]) -> str:
+    """A note per parameter of ``params`` that interacts strongly (see :func:`strong_partners`):
+    its main effect is an average over the partner's levels, shown in Interactions below."""
+    out = []
+    for name in params:
+        for p in strong_partners(r, name):
+            other = p.params[1] if p.params[0] == name else p.params[0]
+            out.append(f"<div class='st-warn st-interaction-pointer' data-param='{esc(name)}' data-partner='{esc(other)}'>"
+                       f"<b>{esc(name)}</b> interacts strongly with <b>{esc(other)}</b> (H² {_iv(p.h2)}): its main "
+                       f"effect here is an average over {esc(other)}'s levels and can differ at each of them; "
+                       "see Interactions below.</div>")
+    return "".join(out)
+
+
+def pd_view(r: PDResult, log_x: bool = False, pointer: str = "") -> Any:
     grid = r.grid[0]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid)
     xs = grid if numeric else [str(v) for v in grid]
@@ -81,11 +136,17 @@ def pd_view(r: PDResult) -> Any:
         plot = hv.Scatter(df, r.params[0], "estimate").opts(size=9) * hv.ErrorBars(
             [(x, e, e - lo, hi - e) for x, e, lo, hi in zip(xs, r.estimate, r.low, r.high) if math.isfinite(lo)],
             vdims=["estimate", "neg", "pos"])
-    plot = plot.opts(hv.opts.Overlay(width=520, height=300, title=f"partial dependence of {r.metric} ({r.scale})",
-                                     show_legend=False))
-    info = (f"<div class='st-section-done' data-section='pd'>{claim_html(r.claim, r.warnings)}</div>"
+    log_x = log_x and numeric
+    plot = plot.opts(hv.opts.Overlay(width=560, height=300, title=f"partial dependence of {r.metric}",
+                                     show_legend=False, logx=log_x, ylim=y_range(r.estimate, r.low, r.high),
+                                     xlabel=f"{r.params[0]}{' (log scale)' if log_x else ''}",
+                                     ylabel=f"{r.metric} ({r.scale})"))
+    info = (f"<div class='st-section-done st-pd-axes' data-section='pd' data-logx='{str(log_x).lower()}'>"
+            f"{claim_html(r.claim, r.warnings)}</div>{pointer}"
             f"<p>{esc(r.sentence or '')}</p><div class='st-note'>{_pd_source(r)}; ICE curves in grey; "
-            f"only the sampled range is shown</div>{warnings_html(r.warnings)}")
+            f"only the sampled range is shown; the y axis spans at least +-{MIN_Y_SPAN:.0%} of the curve's mean, "
+            f"so noise is not stretched into a pattern{'; x on a log scale (powers of two)' if log_x else ''}</div>"
+            f"{warnings_html(r.warnings)}")
     return pn.Row(pn.pane.HoloViews(plot), pn.pane.HTML(info, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
 
@@ -116,8 +177,8 @@ def interactions_view(r: InteractionResult) -> Any:
         cells = pd.DataFrame([(c.a, c.b, c.median, c.count) for c in top.cells],
                              columns=[top.params[0], top.params[1], "median", "trials"])
         parts.append(pn.pane.HoloViews(hv.HeatMap(cells, [top.params[0], top.params[1]], ["median", "trials"]).opts(
-            width=420, height=300, tools=["hover"], colorbar=True, cmap="viridis",
-            title=f"observed median {r.metric} by cell")))
+            width=560, height=300, tools=["hover"], colorbar=True, cmap="viridis",
+            title=f"observed median {r.metric}", clabel=r.metric)))
     info = (f"<div class='st-section-done' data-section='interactions'>{claim_html(r.claim, r.warnings)}</div>"
             f"<div class='st-note'>{r.n_pairs_computed} of {r.n_pairs_total} pairs; {_h2_source(r)}; "
             f"{esc(r.method)}</div>{warnings_html(r.warnings)}"
@@ -142,8 +203,10 @@ def failure_view(r: FailureResult) -> Any:
             plot = (hv.Scatter(df, "region", "rate").opts(size=8, color="crimson", invert_axes=True)
                     * hv.ErrorBars([(a, e, e - lo, hi - e) for a, e, lo, hi in df.itertuples(index=False)],
                                    vdims=["rate", "neg", "pos"]).opts(invert_axes=True)).opts(
-                hv.opts.Overlay(width=560, height=80 + 24 * len(df),
-                                title=f"failure rate by region, {g.hardware_class} (Wilson 95%)"))
+                # wide enough for the region labels and a whole title (the class is in the note below)
+                hv.opts.Overlay(width=max(560, 330 + 7 * max(len(str(x.label)) for x in regions)),
+                                height=80 + 24 * len(df), title="failure rate by region (Wilson 95%)",
+                                ylabel="failure rate"))
             parts.append(pn.pane.HoloViews(plot))
         parts.append(pn.pane.HTML(f"<div class='st-note'>{esc(g.hardware_class)} / {esc(g.load_point)}: "
                                   f"{g.failures} of {g.n} failed ({_iv(g.rate)}); model: {esc(g.model)}</div>"))
@@ -156,14 +219,28 @@ class ParametersPage(pn.viewable.Viewer):
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(**params)
         self.folder, self.ds, self.df, self.metric = experiment_page(ctx, default_metric)
+        self.marks = drift_marks(self.folder)
+        suspect = self.marks.mask(self.df)
+        if suspect.any():  # every fit below reads the dataset: give it the clean trials only
+            self.ds = self.ds.isel(trial=~suspect)
+        fits = "they are left out of every fit below"
+        self.drift = drift_bar(ctx, self.marks, {
+            "exclude": f"{fits}.",
+            "apart": f"{fits} (a fitted surface cannot show them apart; the Pareto and Compare pages draw them)."})
         lps = sorted({str(v) for v in self.df["load_point"]})
         ok = self.df[(self.df["status"] == "ok")]
         main_lp = str(ok["load_point"].astype(str).value_counts().idxmax()) if len(ok) else (lps[0] if lps else "")
         self.lp = pn.widgets.Select(name="scenario", options=lps, value=ctx.arg("load_point", main_lp)
                                     if ctx.arg("load_point", main_lp) in lps else main_lp)
         names = [p.name for p in state.swept(self.folder)]
+        self.log_params = {p.name for p in state.swept(self.folder)
+                           if p.kind == "numeric" and is_power_of_two_knob(list(p.levels))}
+        #: the finished results of the current question, by section (the main-effect sections point
+        #: to a strong interaction once the interactions are in)
+        self.results: dict[str, Any] = {}
+        want_pd = ctx.arg("pd")
         self.pd_param = pn.widgets.Select(name="partial dependence of", options=names,
-                                          value=names[0] if names else None)
+                                          value=want_pd if want_pd in names else (names[0] if names else None))
         classes = classes_of(self.df)
         wanted = ctx.arg("hardware_class", classes[0] if classes else "")
         self.hw = pn.widgets.Select(name="hardware class", options=classes,
@@ -198,12 +275,24 @@ class ParametersPage(pn.viewable.Viewer):
         return {"hardware_class": self.hw.value if several else None, "include_failover": not self.no_failover.value}
 
     def start(self) -> None:
+        self.results = {}
         for name in ("failure", "pd", "interactions", "importance"):  # quickest first
             self._start_one(name)
 
+    def _view(self, name: str, res: Any, render: Callable[[Any], Any]) -> Any:
+        inter = self.results.get("interactions")
+        if name == "importance":
+            important = [p.name for p in res.parameters if p.verdict == "important"]
+            return importance_view(res, interaction_pointer(inter, important))
+        if name == "pd":
+            return pd_view(res, log_x=res.params[0] in self.log_params,
+                           pointer=interaction_pointer(inter, [res.params[0]]))
+        return render(res)
+
     def _start_one(self, name: str) -> None:
+        self.results.pop(name, None)
         fn, render = self._jobs()[name]
-        key = ("params", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
+        key = ("params-clean", str(self.folder), state.version(self.folder), name, self.metric.value, self.lp.value,
                self.pd_param.value if name == "pd" else None, tuple(self.selection().values()))
         since = time.strftime("%H:%M:%S")
         self.sections[name].objects = [pn.Row(pn.indicators.LoadingSpinner(value=True, size=24), pn.pane.HTML(
@@ -216,7 +305,13 @@ class ParametersPage(pn.viewable.Viewer):
         if key[4:6] != (self.metric.value, self.lp.value) or key[-1] != tuple(self.selection().values()):
             return  # the user changed the question meanwhile
         try:
-            self.sections[name].objects = [render(fut.result())]
+            res = fut.result()
+            self.results[name] = res
+            self.sections[name].objects = [self._view(name, res, render)]
+            if name == "interactions":  # point the finished main-effect sections to a strong interaction
+                for other in ("importance", "pd"):
+                    if other in self.results:
+                        self.sections[other].objects = [self._view(other, self.results[other], render)]
         except AnalysisInputError as exc:
             self.sections[name].objects = [pn.pane.HTML(
                 f"<div class='st-warn st-section-done' data-section='{name}'>not computed: {esc(exc)}</div>")]
@@ -227,7 +322,7 @@ class ParametersPage(pn.viewable.Viewer):
 
     def __panel__(self) -> Any:
         return pn.Column(
-            pn.Row(self.metric, self.lp, self.hw, self.no_failover),
+            self.drift, pn.Row(self.metric, self.lp, self.hw, self.no_failover),
             pn.pane.HTML("<h3>Importance</h3>"), self.sections["importance"],
             pn.pane.HTML("<h3>Partial dependence</h3>"), self.pd_param, self.sections["pd"],
             pn.pane.HTML("<h3>Interactions</h3>"), self.sections["interactions"],

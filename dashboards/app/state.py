@@ -201,7 +201,9 @@ def _read_info(folder: Path, has_store: bool, has_dataset: bool, v: int) -> Expe
         if not has_dataset:
             counts.update({k: live.states.get(k, 0) for k in ("ok", "failed")})
             counts["hole"] = live.states.get("pending", 0)
-        created = created or live.created_us
+        # the store's first spec is when the experiment was created; the dataset's created_at_us is
+        # stamped on every rewrite of results.nc (the last update)
+        created = live.created_us or created
         design = design or live.design
     return ExperimentInfo(folder.name, folder, has_store, has_dataset, counts, created, design, running, synthetic, v)
 
@@ -214,8 +216,11 @@ def warm(info: ExperimentInfo) -> Future[None] | None:
         return None
 
     def work() -> None:
+        from dashboards.app.marks import drift_marks
+
         table(info.folder)
         swept(info.folder)
+        drift_marks(info.folder)  # every page's banner reads it
         if len(table(info.folder)) > WARM_FRONT_ABOVE:
             from dashboards.app.pareto import default_front
 
@@ -237,6 +242,14 @@ def warm_all(base: Path | None = None) -> list[tuple[str, Future[None]]]:
 
 #: trials above which the default Pareto front is precomputed when a dataset version lands
 WARM_FRONT_ABOVE = 20_000
+
+
+def is_synthetic(folder: Path) -> bool:
+    """Whether the experiment's dataset says its data was generated (its ``synthetic`` attribute,
+    the mark :func:`analysis.report.summary` and the report read)."""
+    if not (folder / DATASET_FILE).exists():
+        return False
+    return _info(folder, (folder / DB_FILE).exists(), True).synthetic
 
 
 def find(name: str, base: Path | None = None) -> Path | None:
