@@ -106,6 +106,9 @@ class PDResult:
     verdict: str | None = None
     why: str | None = None
     p_value: float | None = None
+    #: 1-D: the measured median's change between the first and last grid value (ratio minus one with a
+    #: log target), beside the model's ``change``; it also carries the other parameters' differences
+    measured_change: float | None = None
 
 
 def _claim(sur: Surrogate, ds: xr.Dataset, names: Sequence[str]) -> Claim:
@@ -207,6 +210,7 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
     scale = f"geometric mean of {sur.metric} (surrogate fitted on its log)" if sur.log_target else \
         f"mean of {sur.metric}"
     change: Interval | None = None
+    measured: tuple[float, int, int] | None = None
     sentence: str | None = None
     verdict: str | None = None
     why: str | None = None
@@ -227,8 +231,10 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
             ctx = context_of(ds, sur.load_point)
             if sur.hardware_class is not None:
                 ctx = dataclasses.replace(ctx, hardware=sur.hardware_class)
+            measured = _measured_change(sur, cols[0], axes[0])
             sentence = effect_sentence(claim, ctx, names[0], values[0][0], values[0][-1], sur.metric, change,
-                                       relative=sur.log_target) + f"; verdict: {verdict} ({why})"
+                                       relative=sur.log_target) + _measured_words(
+                                           sur, values[0][0], values[0][-1], measured) + f"; verdict: {verdict} ({why})"
         notes.warnings.extend(main_effects_from(sur, grid_points).warnings)
     else:
         shape = (len(axes[0]), len(axes[1]))
@@ -243,7 +249,33 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
         n_boot=int(len(boot_m)), claim=claim, change=change, relative=sur.log_target, sentence=sentence,
         load_point=sur.load_point, hardware_class=sur.hardware_class, warnings=notes.warnings,
         subsampled=notes.subsampled, surrogate_estimate=forest.reshape(shape).tolist(), bands=bands,
-        verdict=verdict, why=why, p_value=p_value)
+        verdict=verdict, why=why, p_value=p_value, measured_change=None if measured is None else measured[0])
+
+
+def _measured_change(sur: Surrogate, col: int, axis: np.ndarray) -> tuple[float, int, int] | None:
+    """The change of the measured median of the analysed trials from the first to the last grid
+    value (ratio minus one with a log target, else a difference), with how many trials sit at each;
+    None when either value has no trial."""
+    x = sur.X[:, col]
+    y = sur.to_metric(sur.y)
+    a, b = y[x == axis[0]], y[x == axis[-1]]
+    if not len(a) or not len(b):
+        return None
+    ma, mb = float(np.median(a)), float(np.median(b))
+    return (mb / ma - 1.0 if sur.log_target else mb - ma), int(len(a)), int(len(b))
+
+
+def _measured_words(sur: Surrogate, a: Any, b: Any, measured: tuple[float, int, int] | None) -> str:
+    """What the sentence adds after the model's change: that it is a model estimate, and the change
+    of the measured medians beside it (which also carries whatever else differed between those
+    trials, so the two can differ)."""
+    words = " (a model estimate: the other parameters held at the analysed trials' mix)"
+    if measured is None:
+        return words
+    d, n_a, n_b = measured
+    change = f"{d * 100:+.3g}%" if sur.log_target else f"{d:+.3g}"
+    return (f"{words}; the measured median of the trials at {a} vs {b} ({n_a} and {n_b} trials) changed by "
+            f"{change}, which also carries the other parameters those trials ran with")
 
 
 def _around(est: np.ndarray, boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
