@@ -132,6 +132,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_analysis_importance.py",),
     ),
     Mutation(
+        "ranking-blames-transport", "a trial lost to the daemon (transport) is never held against its config",
+        "servetune/ranking.py",
+        "r.n_failed > r.n_lost)",
+        "r.n_failed > 0)",
+        ("tests/test_ranking.py",),
+    ),
+    Mutation(
+        "ranking-slo-per-trial", "the sweep table gates SLOs on the median over repeats, as analysis.rank does",
+        "servetune/ranking.py",
+        "        med = _median(values)\n",
+        "        med = max((float(v) for v in values if v is not None), default=None)\n",
+        ("tests/test_ranking.py",),
+    ),
+    Mutation(
+        "pd-sentence-without-medians", "the PD sentence states the measured medians' change beside the model's",
+        "analysis/effects.py",
+        "    d, n_a, n_b = measured\n",
+        "    return words\n",
+        ("tests/test_analysis_effects.py::test_the_pd_sentence_states_the_model_estimate_beside_the_measured_medians",),
+    ),
+    Mutation(
         "collapsed-bootstrap", "bootstrap refits resample (every fit the same resample collapses intervals)",
         "analysis/surrogate.py",
         "        rng = np.random.default_rng([self.seed, 1, i])\n",
