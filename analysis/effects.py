@@ -50,7 +50,7 @@ from analysis.common import (
     interval_around,
 )
 from analysis.frame import AnalysisInputError
-from analysis.main_effects import main_effects_from
+from analysis.main_effects import main_effects_from, pair_pd
 from analysis.surrogate import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TREES,
@@ -75,7 +75,8 @@ class PDResult:
     are lists over the grid and ``ice`` is one curve per sampled trial; for two they are matrices
     (first parameter's values down, second's across) and ``ice`` is empty. ``bands`` says where
     ``estimate``/``low``/``high`` come from: ``regression`` (the main-effects regression's PD and
-    95% intervals) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
+    95% intervals; for two parameters the regression with the pair's product columns,
+    :func:`analysis.main_effects.pair_pd`) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
     ``n_boot`` is 0); ``surrogate_estimate`` is always the forest's PD. ``scale`` says what the
     numbers are (a geometric mean when the target is a log). ``change`` (1-D only) is the change
     from the first to the last grid value with its 95% interval, ``relative`` when it is a ratio
@@ -194,6 +195,8 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
     verdict_of = parameter_verdicts(sur, grid_points)[names[0]] if len(cols) == 1 else None
     eff = verdict_of.main_effect if verdict_of is not None else None
     regression = eff is not None and len(eff.level_effects) == len(grid)
+    pair = pair_pd(sur, cols[0], cols[1], axes[0], axes[1]) if len(cols) == 2 else None
+    regression = regression or pair is not None
     # the forest's refits only where they give the bands (they cost most of the time here)
     boots = np.array([curve(fit.model)[0] for fit in sur.boot_fits(max(0, int(n_boot)))]) \
         if n_boot > 0 and not regression else np.empty((0, len(grid)))
@@ -238,6 +241,11 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
         notes.warnings.extend(main_effects_from(sur, grid_points).warnings)
     else:
         shape = (len(axes[0]), len(axes[1]))
+        if pair is not None:  # the regression with the pair's products: bands that do not shrink the effect
+            bands = "regression"
+            est = np.array([iv.estimate for iv in pair])
+            low = np.array([iv.low for iv in pair])
+            high = np.array([iv.high for iv in pair])
     if bands == "forest" and len(boot_m):
         notes.warn("forest_bands", "these intervals are the spread of the forest's bootstrap refits around its "
                    "estimate: forests shrink small effects towards zero, so they can miss a small true effect"
