@@ -277,13 +277,13 @@ def _measured_words(sur: Surrogate, a: Any, b: Any, measured: tuple[float, int, 
     """What the sentence adds after the model's change: that it is a model estimate, and the change
     of the measured medians beside it (which also carries whatever else differed between those
     trials, so the two can differ)."""
-    words = " (a model estimate: the other parameters held at the analysed trials' mix)"
+    words = " (modelled: the surrogate's estimate, averaged over the other parameters as the analysed trials ran them)"
     if measured is None:
         return words
     d, n_a, n_b = measured
     change = f"{d * 100:+.3g}%" if sur.log_target else f"{d:+.3g}"
-    return (f"{words}; the measured median of the trials at {a} vs {b} ({n_a} and {n_b} trials) changed by "
-            f"{change}, which also carries the other parameters those trials ran with")
+    return (f"{words}; measured: the median {sur.metric} of the analysed trials at {a} vs {b} ({n_a} and {n_b} "
+            f"trials) changed by {change}, which also carries whatever else differed between those trials")
 
 
 def _around(est: np.ndarray, boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -188,6 +188,6 @@ def test_the_pd_sentence_states_the_model_estimate_beside_the_measured_medians()
     y = df["output_throughput"].astype(float)
     want = float(np.median(y[x == last])) / float(np.median(y[x == first])) - 1.0
     assert res.measured_change == pytest.approx(want, rel=1e-6)
-    assert "a model estimate" in res.sentence
+    assert "modelled" in res.sentence and "measured" in res.sentence
     assert f"changed by {want * 100:+.3g}%" in res.sentence
     assert f"({int((x == first).sum())} and {int((x == last).sum())} trials)" in res.sentence
