@@ -153,6 +153,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_analysis_effects.py::test_the_pd_sentence_states_the_model_estimate_beside_the_measured_medians",),
     ),
     Mutation(
+        "pd-2d-forest-bands", "the 2-D partial dependence takes its bands from the pair regression where estimable",
+        "analysis/effects.py",
+        "    pair = pair_pd(sur, cols[0], cols[1], axes[0], axes[1]) if len(cols) == 2 else None\n",
+        "    pair = None\n",
+        ("tests/test_analysis_coverage.py::test_two_parameter_pd_bands_cover_the_planted_surface",),
+    ),
+    Mutation(
         "collapsed-bootstrap", "bootstrap refits resample (every fit the same resample collapses intervals)",
         "analysis/surrogate.py",
         "        rng = np.random.default_rng([self.seed, 1, i])\n",
