@@ -344,12 +344,12 @@ def pair_strength(sur: Surrogate, j: int, k: int, S: np.ndarray, draws: int = 40
     return out
 
 
-def _pair_strength(sur: Surrogate, me: MainEffectsResult, j: int, k: int, S: np.ndarray, draws: int,
-                   level: float) -> PairStrength | None:
+def _pair_fit(sur: Surrogate, me: MainEffectsResult, j: int, k: int) -> tuple[Any, ...] | None:
+    """The regression of the target on every main effect plus the products of ``j`` x ``k``:
+    ``(blocks, X, design, result, beta, cov)``, or None when the main effects are not estimable or
+    the pair's model has too few configs per column."""
     if not me.estimable:
         return None
-    from analysis.common import interval_around
-
     blocks = me._blocks
     X = sur.X[:, :len(sur.features)]
     design, _ = _design(blocks, X, [(j, k)])
@@ -357,8 +357,17 @@ def _pair_strength(sur: Surrogate, me: MainEffectsResult, j: int, k: int, S: np.
     if not _supported(design, groups, me.n_configs):
         return None
     res = _ols(sur.y, design, groups, me.n_configs)
-    beta = np.asarray(res.params, dtype=float)
-    cov = np.asarray(res.cov_params(), dtype=float)
+    return blocks, X, design, res, np.asarray(res.params, dtype=float), np.asarray(res.cov_params(), dtype=float)
+
+
+def _pair_strength(sur: Surrogate, me: MainEffectsResult, j: int, k: int, S: np.ndarray, draws: int,
+                   level: float) -> PairStrength | None:
+    from analysis.common import interval_around
+
+    fit = _pair_fit(sur, me, j, k)
+    if fit is None:
+        return None
+    blocks, X, design, res, beta, cov = fit
     n_pair = design.shape[1] - _design(blocks, X[:1], [])[0].shape[1]
     p_value = _joint_p(res, len(beta) - n_pair, len(beta))
     Sx = S[:, :len(sur.features)]
@@ -413,17 +422,10 @@ def _pair_pd(sur: Surrogate, j: int, k: int, axis_j: np.ndarray, axis_k: np.ndar
     from scipy import stats
 
     me = main_effects_from(sur)
-    if not me.estimable:
+    fit = _pair_fit(sur, me, j, k)
+    if fit is None:
         return None
-    blocks = me._blocks
-    X = sur.X[:, :len(sur.features)]
-    design, _ = _design(blocks, X, [(j, k)])
-    groups = np.asarray(sur.clusters)
-    if not _supported(design, groups, me.n_configs):
-        return None
-    res = _ols(sur.y, design, groups, me.n_configs)
-    beta = np.asarray(res.params, dtype=float)
-    cov = np.asarray(res.cov_params(), dtype=float)
+    blocks, X, _, _, beta, cov = fit
     tq = float(stats.t.ppf(0.5 + level / 2, max(1, me.n_configs - 1)))
     out = []
     for u in axis_j:
