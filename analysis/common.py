@@ -169,6 +169,15 @@ def interval_around(samples: Sequence[float] | np.ndarray, estimate: float, leve
 
 def jsonable(obj: Any) -> Any:
     """Plain JSON values from dataclasses, numpy scalars/arrays, tuples and dicts (NaN/inf -> None)."""
+    t = type(obj)  # the plain types first: a full analysis converts hundreds of thousands of values
+    if t is float:
+        return obj if math.isfinite(obj) else None
+    if t is str or t is int or t is bool or obj is None:
+        return obj
+    if t is list or t is tuple:
+        return [jsonable(v) for v in obj]
+    if t is dict:
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
     if isinstance(obj, dict):

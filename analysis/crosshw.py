@@ -111,7 +111,7 @@ def resolve_prices(ds: xr.Dataset, classes: list[str], prices: Mapping[str, Any]
     return {c: out[c] for c in classes}, source
 
 
-def _relabel(ds: xr.Dataset, group_label: str) -> tuple[xr.Dataset, pd.DataFrame, dict[str, str]]:
+def relabel(ds: xr.Dataset, group_label: str) -> tuple[xr.Dataset, pd.DataFrame, dict[str, str]]:
     """``ds`` and its trial table with every (config, class) pair as its own config and one group."""
     table = trial_table(ds)  # derived metrics (per GPU, per dollar) computed with the real classes
     hw = table["hardware_class"].astype(str).to_numpy(dtype=object)
@@ -126,6 +126,9 @@ def _relabel(ds: xr.Dataset, group_label: str) -> tuple[xr.Dataset, pd.DataFrame
                            hardware_class=("trial", group), measured_on=("trial", hw))
     measured = {str(e): str(h) for e, h in zip(entry.tolist(), hw.tolist()) if h}
     return out, table, measured
+
+
+_relabel = relabel  #: its name when it was private (kept for callers written against it)
 
 
 def compare_hardware(ds: xr.Dataset, normalise: str = "per_gpu", prices: Mapping[str, Any] | None = None,
@@ -167,7 +170,7 @@ def compare_hardware(ds: xr.Dataset, normalise: str = "per_gpu", prices: Mapping
     if len(classes) == 1:
         warnings.append(Caveat("one_class", f"only one hardware class ({classes[0]}) ran trials: nothing to compare "
                                              "across; this is its normalised view"))
-    cross, table, measured = _relabel(ds, group_label)
+    cross, table, measured = relabel(ds, group_label)
     ranking = rank(cross, policy=policy, objective=objective, slos=slos, n_boot=n_boot, seed=seed, table=table,
                    include_failover=include_failover)
     pareto = front(cross, metrics=(column, latency), n_boot=n_boot, seed=seed, table=table,

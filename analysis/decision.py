@@ -58,12 +58,12 @@ import xarray as xr
 from scipy.stats import binom
 
 from analysis.common import Caveat, Claim, Interval, Notes, claim_for, percentile_interval
-from analysis.crosshw import NORMALISATIONS, _relabel, resolve_prices
+from analysis.crosshw import NORMALISATIONS, relabel, resolve_prices
 from analysis.drift import drift
 from analysis.frame import AnalysisInputError, metric_sense, trial_table
 from analysis.hardware import classes_of, failover_of, per_class
 from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups, param_values
-from analysis.ranking import _objective_of, _slo_columns, _slos_of
+from analysis.ranking import objective_of, slo_columns, slos_of
 from servetune.ranking import NOT_THE_CONFIGS_FAULT
 
 log = logging.getLogger(__name__)
@@ -539,13 +539,13 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise AnalysisInputError(f"n_boot must be a whole number >= 0, got {n_boot!r}")
     notes = Notes()
-    obj = _objective_of(ds, objective)
+    obj = objective_of(ds, objective)
     metric_sense(obj)
-    slo_list = _slos_of(ds, slos)
+    slo_list = slos_of(ds, slos)
     table = trial_table(ds)
     if obj not in table:
         raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
-    slo_cols = _slo_columns(slo_list, table)
+    slo_cols = slo_columns(slo_list, table)
     w = _weights(table, weights)
     suspect = _suspect(ds, obj, notes)
     n_suspect = int(suspect.sum())
@@ -561,7 +561,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         elif prices:
             notes.warn("unused_prices", "prices are used only by the per_gpu_hour cross-hardware mode")
         label = f"cross-hardware ({', '.join(classes)}; normalised {cross_hardware})"
-        _, cross_table, _ = _relabel(src, label)
+        _, cross_table, _ = relabel(src, label)
         obj = CROSS_MODES[cross_hardware]
         mode = f"cross-hardware {cross_hardware}"
         parts = [(label, cross_table.assign(_suspect=suspect))]

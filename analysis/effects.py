@@ -50,7 +50,7 @@ from analysis.common import (
     interval_around,
 )
 from analysis.frame import AnalysisInputError
-from analysis.main_effects import main_effects_from
+from analysis.main_effects import main_effects_from, pair_pd
 from analysis.surrogate import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TREES,
@@ -75,7 +75,8 @@ class PDResult:
     are lists over the grid and ``ice`` is one curve per sampled trial; for two they are matrices
     (first parameter's values down, second's across) and ``ice`` is empty. ``bands`` says where
     ``estimate``/``low``/``high`` come from: ``regression`` (the main-effects regression's PD and
-    95% intervals) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
+    95% intervals; for two parameters the regression with the pair's product columns,
+    :func:`analysis.main_effects.pair_pd`) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
     ``n_boot`` is 0); ``surrogate_estimate`` is always the forest's PD. ``scale`` says what the
     numbers are (a geometric mean when the target is a log). ``change`` (1-D only) is the change
     from the first to the last grid value with its 95% interval, ``relative`` when it is a ratio
@@ -106,6 +107,9 @@ class PDResult:
     verdict: str | None = None
     why: str | None = None
     p_value: float | None = None
+    #: 1-D: the measured median's change between the first and last grid value (ratio minus one with a
+    #: log target), beside the model's ``change``; it also carries the other parameters' differences
+    measured_change: float | None = None
 
 
 def _claim(sur: Surrogate, ds: xr.Dataset, names: Sequence[str]) -> Claim:
@@ -191,6 +195,8 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
     verdict_of = parameter_verdicts(sur, grid_points)[names[0]] if len(cols) == 1 else None
     eff = verdict_of.main_effect if verdict_of is not None else None
     regression = eff is not None and len(eff.level_effects) == len(grid)
+    pair = pair_pd(sur, cols[0], cols[1], axes[0], axes[1]) if len(cols) == 2 else None
+    regression = regression or pair is not None
     # the forest's refits only where they give the bands (they cost most of the time here)
     boots = np.array([curve(fit.model)[0] for fit in sur.boot_fits(max(0, int(n_boot)))]) \
         if n_boot > 0 and not regression else np.empty((0, len(grid)))
@@ -207,6 +213,7 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
     scale = f"geometric mean of {sur.metric} (surrogate fitted on its log)" if sur.log_target else \
         f"mean of {sur.metric}"
     change: Interval | None = None
+    measured: tuple[float, int, int] | None = None
     sentence: str | None = None
     verdict: str | None = None
     why: str | None = None
@@ -227,11 +234,18 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
             ctx = context_of(ds, sur.load_point)
             if sur.hardware_class is not None:
                 ctx = dataclasses.replace(ctx, hardware=sur.hardware_class)
+            measured = _measured_change(sur, cols[0], axes[0])
             sentence = effect_sentence(claim, ctx, names[0], values[0][0], values[0][-1], sur.metric, change,
-                                       relative=sur.log_target) + f"; verdict: {verdict} ({why})"
+                                       relative=sur.log_target) + _measured_words(
+                                           sur, values[0][0], values[0][-1], measured) + f"; verdict: {verdict} ({why})"
         notes.warnings.extend(main_effects_from(sur, grid_points).warnings)
     else:
         shape = (len(axes[0]), len(axes[1]))
+        if pair is not None:  # the regression with the pair's products: bands that do not shrink the effect
+            bands = "regression"
+            est = np.array([iv.estimate for iv in pair])
+            low = np.array([iv.low for iv in pair])
+            high = np.array([iv.high for iv in pair])
     if bands == "forest" and len(boot_m):
         notes.warn("forest_bands", "these intervals are the spread of the forest's bootstrap refits around its "
                    "estimate: forests shrink small effects towards zero, so they can miss a small true effect"
@@ -243,7 +257,33 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
         n_boot=int(len(boot_m)), claim=claim, change=change, relative=sur.log_target, sentence=sentence,
         load_point=sur.load_point, hardware_class=sur.hardware_class, warnings=notes.warnings,
         subsampled=notes.subsampled, surrogate_estimate=forest.reshape(shape).tolist(), bands=bands,
-        verdict=verdict, why=why, p_value=p_value)
+        verdict=verdict, why=why, p_value=p_value, measured_change=None if measured is None else measured[0])
+
+
+def _measured_change(sur: Surrogate, col: int, axis: np.ndarray) -> tuple[float, int, int] | None:
+    """The change of the measured median of the analysed trials from the first to the last grid
+    value (ratio minus one with a log target, else a difference), with how many trials sit at each;
+    None when either value has no trial."""
+    x = sur.X[:, col]
+    y = sur.to_metric(sur.y)
+    a, b = y[x == axis[0]], y[x == axis[-1]]
+    if not len(a) or not len(b):
+        return None
+    ma, mb = float(np.median(a)), float(np.median(b))
+    return (mb / ma - 1.0 if sur.log_target else mb - ma), int(len(a)), int(len(b))
+
+
+def _measured_words(sur: Surrogate, a: Any, b: Any, measured: tuple[float, int, int] | None) -> str:
+    """What the sentence adds after the model's change: that it is a model estimate, and the change
+    of the measured medians beside it (which also carries whatever else differed between those
+    trials, so the two can differ)."""
+    words = " (modelled: the surrogate's estimate, averaged over the other parameters as the analysed trials ran them)"
+    if measured is None:
+        return words
+    d, n_a, n_b = measured
+    change = f"{d * 100:+.3g}%" if sur.log_target else f"{d:+.3g}"
+    return (f"{words}; measured: the median {sur.metric} of the analysed trials at {a} vs {b} ({n_a} and {n_b} "
+            f"trials) changed by {change}, which also carries whatever else differed between those trials")
 
 
 def _around(est: np.ndarray, boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

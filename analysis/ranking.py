@@ -12,8 +12,9 @@ config some of whose trials failed by its own fault (a measurement failure: OOM,
 under load) ranks after every config of its SLO tier whose trials all succeeded: a config that works
 only sometimes is not a deployment answer, however fast its lucky runs were. A trial lost to
 ``transport`` (the daemon or its connection) is not held against its config (``n_lost`` counts
-them). The tiers and which failure kinds count are one rule, :func:`servetune.ranking.tier` and
-:func:`servetune.ranking.blames_config`, shared with the table ``sweep`` prints.
+them). The tiers, which failure kinds count and the SLO gate are one rule, :func:`servetune.ranking.tier`,
+:func:`servetune.ranking.blames_config` and :func:`servetune.ranking.meets_slos`, shared with the table
+``sweep`` prints (:func:`servetune.ranking.order_key`: tier, score, config id).
 
 ``slo_throughput``
     the objective (default the spec's ``ranking.objective``, e.g. ``output_throughput``) among the
@@ -325,7 +326,8 @@ def policies() -> dict[str, str]:
 # --- ranking ----------------------------------------------------------------------------------------------
 
 
-def _slos_of(ds: xr.Dataset, slos: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def slos_of(ds: xr.Dataset, slos: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``slos`` when given (``[]``: none), else the spec's SLOs recorded in ``ds.attrs["slos"]``."""
     if slos is not None:
         return [dict(s) for s in slos]
     raw = ds.attrs.get("slos", "")
@@ -335,7 +337,9 @@ def _slos_of(ds: xr.Dataset, slos: list[dict[str, Any]] | None) -> list[dict[str
     return [dict(s) for s in data]
 
 
-def _slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame | Container[str]) -> list[tuple[str, float]]:
+def slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame | Container[str]) -> list[tuple[str, float]]:
+    """``(trial-table column, max_ms)`` of every SLO (``ttft_ms`` at percentile 99 -> ``ttft_ms_p99``);
+    :class:`AnalysisInputError` for an SLO without ``metric``/``max_ms`` or a column ``df`` lacks."""
     out = []
     for s in slos:
         if "metric" not in s or "max_ms" not in s:
@@ -347,7 +351,8 @@ def _slo_columns(slos: list[dict[str, Any]], df: pd.DataFrame | Container[str]) 
     return out
 
 
-def _objective_of(ds: xr.Dataset, objective: str | None) -> str:
+def objective_of(ds: xr.Dataset, objective: str | None) -> str:
+    """``objective`` when given, else the spec's ``ranking.objective``, else ``output_throughput``."""
     if objective:
         return objective
     raw = ds.attrs.get("ranking", "")
@@ -356,6 +361,10 @@ def _objective_of(ds: xr.Dataset, objective: str | None) -> str:
         if data.get("objective"):
             return str(data["objective"])
     return "output_throughput"
+
+
+#: the names these had when they were private (kept for callers written against them)
+_slos_of, _slo_columns, _objective_of = slos_of, slo_columns, objective_of
 
 
 def _tiers(med: np.ndarray, has: np.ndarray, gate: list[tuple[int, float]], failing: np.ndarray) -> np.ndarray:
@@ -449,12 +458,12 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
     notes = Notes()
     ds, table, moved = select_failover(ds, table, include_failover, notes, by)
     have: pd.DataFrame | Container[str] = set(table_columns(ds)) if table is None else table
-    obj = _objective_of(ds, objective)
+    obj = objective_of(ds, objective)
     metric_sense(obj)
     if obj not in have:
         raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
-    slo_list = _slos_of(ds, slos)
-    req = _Request(obj, weights, _slo_columns(slo_list, have), latency)
+    slo_list = slos_of(ds, slos)
+    req = _Request(obj, weights, slo_columns(slo_list, have), latency)
     plan = POLICIES[policy].plan(req)
     if table is None:
         needs = [*base_columns(by), "failure_kind", obj, *plan.columns]

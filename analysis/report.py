@@ -350,6 +350,8 @@ def _with_measured(doc: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
     shown = f"{100 * change:+.3g}%" if relative else f"{change:+.4g}"
     doc["measured"] = {"from": a, "to": b, "median_from": ma, "median_to": mb, "n_from": na, "n_to": nb,
                        "change": change, "relative": relative}
+    if doc.get("measured_change") is not None:  # the sentence states it already (analysis.effects)
+        return doc
     doc["sentence"] = (f"{sentence} (modelled: the surrogate's partial dependence, averaged over the other "
                        f"parameters); measured: the median {metric} of the trials with {params[0]}={a} was "
                        f"{ma:.4g} ({na} trials) and with {params[0]}={b} {mb:.4g} ({nb} trials), {shown}")

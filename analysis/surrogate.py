@@ -209,10 +209,14 @@ def default_metric(ds: xr.Dataset) -> str:
 def _forest(n_rows: int, n_trees: int, random_state: int, oob: bool) -> Any:
     from sklearn.ensemble import RandomForestRegressor
 
-    return RandomForestRegressor(
+    model = RandomForestRegressor(
         n_estimators=n_trees, max_depth=MAX_DEPTH, min_samples_leaf=max(1, min(5, n_rows // 200)),
         max_features=MAX_FEATURES, bootstrap=True, oob_score=oob, n_jobs=2 if n_rows >= 1000 else 1,
         random_state=random_state)
+    from analysis._trees import CachedParamsTree
+
+    model.estimator = CachedParamsTree()  # the same trees, without re-reading the signature per tree
+    return model
 
 
 def analysed_trials(ds: xr.Dataset, metric: str | None = None, load_point: str | None = None,

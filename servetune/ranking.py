@@ -3,9 +3,10 @@
 Per load point, each engine config gets one row: the median of its repeats' per-trial statistics
 (repeats are the unit of replication). Baseline re-runs are drift controls and are left out.
 
-The ranking rule (one rule, shared with :func:`analysis.ranking.rank`, which imports
-:func:`tier` and :func:`blames_config` from here): configs are ordered by tier, then by the
-objective (highest first), then by config id. The tiers, best first:
+The ranking rule is one rule, shared with :func:`analysis.ranking.rank`, which imports :func:`tier`
+and :func:`blames_config` from here and gates SLOs as :func:`meets_slos` does (the median over a
+config's repeats of each SLO's latency at most its ``max_ms``): configs are ordered by tier, then by
+the objective (highest first), then by config id (:func:`order_key`). The tiers, best first:
 
 0. ``MEETS``: meets every SLO (or no SLO gate);
 1. ``MEETS + FAILS``: as 0 but some of its trials failed in a way that is the config's fault;
@@ -140,6 +141,34 @@ def summary_values(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def meets_slos(slo_results: Sequence[Sequence[dict[str, Any]] | None]) -> bool | None:
+    """Whether a config meets every SLO, from its ok repeats' per-trial SLO results (each a list of
+    ``{metric, percentile, max_ms, value_ms, met}``, as :mod:`servetune.metrics` records them).
+
+    The rule :func:`analysis.ranking.rank` applies: an SLO is met when the median over the repeats
+    of its value (the latency at the SLO's percentile) is at most ``max_ms``; a value no repeat
+    measured misses it. One slow repeat of three does not sink a config, nor one fast repeat save it.
+    None when no repeat recorded an SLO (no gate)."""
+    by_slo: dict[tuple[str, float, float], list[Any]] = {}
+    for results in slo_results:
+        for r in results or []:
+            key = (str(r.get("metric")), float(r.get("percentile", 99.0)), float(r.get("max_ms", math.inf)))
+            by_slo.setdefault(key, []).append(r.get("value_ms"))
+    if not by_slo:
+        return None
+    for (_metric, _pct, max_ms), values in by_slo.items():
+        med = _median(values)
+        if med is None or not med <= max_ms:
+            return False
+    return True
+
+
+def order_key(tier_of: int, objective: float | None, config_id: str) -> tuple[int, float, str]:
+    """Sort key of one config (ascending): tier, then the objective (highest first; a missing one
+    last), then config id; :func:`analysis.ranking.rank` orders by the same three keys."""
+    return int(tier_of), -(objective if objective is not None and not math.isnan(objective) else -math.inf), config_id
+
+
 def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, list[RankedConfig]]:
     """Rank engine configs per load point (insertion order of load points is kept)."""
     groups: dict[str, dict[str, list[TrialSummary]]] = {}
@@ -156,8 +185,7 @@ def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, lis
             blamed = [t for t in failed if blames_config(t.failure_kind)]
             per_trial = [summary_values(t.metrics) for t in ok]
             values = {k: _median(v[k] for v in per_trial) for k in (per_trial[0] if per_trial else {})}
-            met = [t.metrics.get("slos_met") for t in ok]
-            slos_met = None if not ok or all(m is None for m in met) else all(bool(m) for m in met if m is not None)
+            slos_met = meets_slos([t.metrics.get("slos") for t in ok]) if ok else None
             failure = None
             if failed and not ok:
                 failure = failed[-1].failure_kind or "failed"
@@ -181,9 +209,8 @@ def rank(trials: Sequence[TrialSummary], policy: RankingPolicy) -> dict[str, lis
 
         def key(r: RankedConfig) -> tuple[int, float, str]:
             misses = bool(policy.require_slos and r.slos_met is False)
-            objective = r.values.get(policy.objective)
-            return (int(tier(bool(r.n_ok), misses, r.n_failed > r.n_lost)),
-                    -(objective if objective is not None else -math.inf), r.config_id)
+            return order_key(tier(bool(r.n_ok), misses, r.n_failed > r.n_lost), r.values.get(policy.objective),
+                             r.config_id)
 
         rows.sort(key=key)
         for i, r in enumerate(rows, start=1):

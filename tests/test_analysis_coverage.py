@@ -112,3 +112,21 @@ def test_small_experiments_warn_instead_of_claiming():
         assert pdr.bands == "forest"
         for name in truth.null:
             assert parameter_verdicts(sur)[name].verdict == "indistinguishable from noise"
+
+
+def test_two_parameter_pd_bands_cover_the_planted_surface(large):
+    """The 2-D partial dependence of the planted pair takes its bands from the regression with the
+    pair's products (the forest's refit bands covered 5 of 10 cells at this size): every cell's band
+    holds its estimate, and the cells cover the planted geometric mean at a calibrated rate (cells of
+    one seed are correlated, so the floor is loose)."""
+    from benchmarks.analysis.coverage import Tally, pair_pd
+
+    tally = Tally()
+    for ds, truth, sur in large:
+        res = partial_dependence_from(sur, ds, list(truth.interaction), n_boot=10, ice=False)
+        assert res.bands == "regression" and res.n_boot == 0
+        est, low, high = (np.array(x, dtype=float) for x in (res.estimate, res.low, res.high))
+        assert np.all(low <= est) and np.all(est <= high)
+        pair_pd(sur, ds, truth, "large", tally, 10)
+    (xs,) = tally.covered.values()
+    assert sum(xs) >= floor(len(xs), alpha=0.01) - 2, (sum(xs), len(xs))

@@ -144,12 +144,14 @@ def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int =
                       pdr.change.estimate)
         for v, e, lo, hi in zip(lv, pdr.estimate, pdr.low, pdr.high):
             tally.add(size, f"PD bands per grid value ({pdr.bands})", lo, hi, math.exp(v), e)
-    codes = {w.code for w in me.warnings} | {w.code for w in pdr.warnings}
+    fired = {w.code for w in me.warnings} | {w.code for w in pdr.warnings}
     from analysis.surrogate import fit_warnings
 
-    codes |= {w.code for w in fit_warnings(sur)}
+    fired |= {w.code for w in fit_warnings(sur)}
     for code in ("too_few_trials", "too_few_configs", "poor_fit", "forest_bands"):
-        tally.warned[(size, code)].append(code in codes)
+        tally.warned[(size, code)].append(code in fired)
+    if truth.interaction is not None and all(n in [f.name for f in sur.features] for n in truth.interaction):
+        pair_pd(sur, ds, truth, size, tally, n_boot)
     inter = interactions_from(sur, ds, n_boot=h_boot, h_rows=H_ROWS)
     rows = sample_rows(len(sur.y), H_ROWS, np.random.default_rng([sur.seed, 5]))
     chosen = [(sur.index(p.params[0]), sur.index(p.params[1])) for p in inter.pairs]
@@ -161,6 +163,23 @@ def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int =
                   p.strength.estimate)
         if planted_pair and math.isfinite(th):
             tally.add(size, "H², planted pair", p.h2.low, p.h2.high, float(th), p.h2.estimate)
+
+
+def pair_pd(sur: Surrogate, ds: Any, truth: Truth, size: str, tally: Tally, n_boot: int) -> None:
+    """The 2-D partial dependence of the planted pair (the forest's PD with bands from its refits):
+    each grid cell's band against the planted geometric-mean metric over the analysed rows with
+    both features set to the cell's values."""
+    a, b = truth.interaction  # type: ignore[misc]
+    j, k = sur.index(a), sur.index(b)
+    pdr = partial_dependence_from(sur, ds, [a, b], n_boot=n_boot, ice=False)
+    model = TrueModel(sur, truth)
+    X = sur.X[:, :len(sur.features)]
+    for u, cu in enumerate(grid_codes(sur.features[j], 12)):
+        for v, cv in enumerate(grid_codes(sur.features[k], 12)):
+            Xv = X.copy()
+            Xv[:, j], Xv[:, k] = cu, cv
+            tally.add(size, f"2-D PD bands per grid cell ({pdr.bands}), planted pair", pdr.low[u][v], pdr.high[u][v],
+                      math.exp(float(model.predict(Xv).mean())), pdr.estimate[u][v])
 
 
 def _one(job: tuple[str, int, bool]) -> Tally:
