@@ -7,9 +7,9 @@ SQLite's signed 64-bit range, finite floats, bounded strings and lists), on both
 coordinator decodes daemon messages and the daemon decodes coordinator messages with the same models.
 What a RESULT claims is judged after decoding (:mod:`servetune.plausibility`).
 
-Flow (protocol version 5; version 4 had no TIME_PROBE/TIME_REPLY, version 3's RESULT had no
-``client_loop_lag`` in its outcome, version 2 had no ARTIFACT_* messages, and a peer of one version
-refuses another's HELLO/WELCOME)::
+Flow (protocol version 6; version 5's GRANT had no ``co_tenancy``, version 4 had no
+TIME_PROBE/TIME_REPLY, version 3's RESULT had no ``client_loop_lag`` in its outcome, version 2 had
+no ARTIFACT_* messages, and a peer of one version refuses another's HELLO/WELCOME)::
 
     daemon                                   coordinator
     HELLO(daemon_id, session, seq, held)  ->
@@ -114,7 +114,7 @@ from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import BackendSpec, Budgets, ModelSpec
 from servetune.wire import MAX_MESSAGE_BYTES
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: Re-exported: MAX_MESSAGE_BYTES from servetune.wire; the bounded types from servetune.bounds.
 __all__ = ["ID_MAX_CHARS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSION", "Id", "Text", "valid_id"]
 
