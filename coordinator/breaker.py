@@ -161,16 +161,19 @@ class BreakerBoard:
                 out += self._half_open(b, now)
         return out
 
-    def snapshot(self, wall: float | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
-        """Every breaker as JSON-able data. With ``wall`` and ``now`` (the wall clock and the
-        injected clock at one instant), times are given as wall-clock seconds since the epoch."""
+    def snapshot(self, wall: float | None = None, now: float | None = None,
+                 only: str | None = None) -> dict[str, dict[str, Any]]:
+        """Every breaker (or ``only`` that daemon's) as JSON-able data. With ``wall`` and ``now``
+        (the wall clock and the injected clock at one instant), times are given as wall-clock
+        seconds since the epoch."""
         shift = (wall - now) if wall is not None and now is not None else 0.0
 
         def t(x: Any) -> Any:
             return None if x is None else round(float(x) + shift, 3)
 
         out = {}
-        for did, b in sorted(self._by.items()):
+        items = sorted(self._by.items()) if only is None else [(only, self._by[only])] if only in self._by else []
+        for did, b in items:
             d = asdict(b)
             d["state"] = str(b.state)
             d["opened_at"], d["down_since"] = t(b.opened_at), t(b.down_since)

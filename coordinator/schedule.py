@@ -4,7 +4,8 @@
 The adapter (:class:`coordinator.sweep.SweepRunner`) tells a :class:`ScheduleBook` what happened
 (daemons joining and leaving, breaker changes, retries, drained classes, clock offsets); each
 call updates the store's ``schedule`` table (:meth:`coordinator.store.Store.put_schedule`) and
-rewrites the file from the table. ``schedule.json``::
+rewrites the file from the table (joins and departures: at most every :data:`WRITE_EVERY_S`, by
+:meth:`ScheduleBook.flush`). ``schedule.json``::
 
     {"experiment": ..., "updated_at": <s since epoch>, "sweep_status": "running" | "finished" | ...,
      "policy": {breaker_failures, recovery_after_s, drain_after_s, max_transport_retries,
@@ -37,6 +38,10 @@ from coordinator.retries import RetryEvent
 from coordinator.store import Store
 
 SCHEDULE_FILE = "schedule.json"
+#: Joins and departures rewrite schedule.json at most this often (:meth:`ScheduleBook.flush`, each
+#: tick): every rewrite holds every daemon, so one per join was O(daemons) per daemon, and 1,000
+#: daemons joining took minutes. The store's table is updated at once either way.
+WRITE_EVERY_S = 2.0
 
 
 class ScheduleBook:
@@ -51,6 +56,8 @@ class ScheduleBook:
         store.clear_schedule()
         self._daemons: dict[str, dict[str, Any]] = {}
         self._retries = {"retry": 0, "given_up": 0, "failover": 0}
+        self._dirty = False
+        self._written_at = -float("inf")  # time.monotonic() of the last rewrite
         store.put_schedule("policy", {
             "breaker_failures": fleet.breaker_failures, "recovery_after_s": fleet.recovery_after_s,
             "drain_after_s": 2 * fleet.recovery_after_s, "max_transport_retries": fleet.max_transport_retries,
@@ -67,13 +74,15 @@ class ScheduleBook:
     def joined(self, daemon_id: str, hardware_class: str, hostname: str, board: BreakerBoard) -> None:
         d = self._daemons.setdefault(daemon_id, {"retries": 0, "joined_at": time.time()})
         d.update(hardware_class=hardware_class, hostname=hostname, connected=True, left_at=None, left_reason=None)
-        self._put_daemon(daemon_id, board)
+        self._put_daemon(daemon_id, board, write=False)
+        self.flush()
 
     def left(self, daemon_id: str, reason: str, board: BreakerBoard) -> None:
         d = self._daemons.setdefault(daemon_id, {"retries": 0, "joined_at": None, "hardware_class": "",
                                                  "hostname": ""})
         d.update(connected=False, left_at=time.time(), left_reason=reason)
-        self._put_daemon(daemon_id, board)
+        self._put_daemon(daemon_id, board, write=False)
+        self.flush()
 
     def breaker(self, board: BreakerBoard, daemon_ids: set[str]) -> None:
         for daemon_id in sorted(daemon_ids):
@@ -113,12 +122,19 @@ class ScheduleBook:
     # ------------------------------------------------------------------ output
 
     def _put_daemon(self, daemon_id: str, board: BreakerBoard, write: bool = True) -> None:
-        snap = board.snapshot(wall=time.time(), now=self.clock())
+        snap = board.snapshot(wall=time.time(), now=self.clock(), only=daemon_id)
         breaker = snap.get(daemon_id, {"state": "closed", "failures": 0, "trips": []})
         d = {**self._daemons[daemon_id], "breaker": breaker}
         d["outcome"] = _outcome(d)
         self.store.put_schedule(f"daemon:{daemon_id}", d)
+        self._dirty = True
         if write:
+            self.write()
+
+    def flush(self) -> None:
+        """Rewrite ``schedule.json`` if the store's state changed since the last rewrite and that
+        was at least :data:`WRITE_EVERY_S` ago (the sweep calls this every tick)."""
+        if self._dirty and time.monotonic() - self._written_at >= WRITE_EVERY_S:
             self.write()
 
     def document(self) -> dict[str, Any]:
@@ -126,6 +142,7 @@ class ScheduleBook:
 
     def write(self) -> Path:
         """Rewrite ``schedule.json`` from the store, atomically."""
+        self._dirty, self._written_at = False, time.monotonic()
         text = json.dumps(self.document(), indent=2, sort_keys=True)
         fd, tmp = tempfile.mkstemp(prefix=".schedule-", suffix=".json", dir=self.path.parent)
         try:

@@ -627,6 +627,8 @@ class SweepRunner:
         if self.clocks is not None:
             self._clock_report(endpoint, self.clocks.step(core.daemons))
             self._write_clocks()
+        if self.schedule is not None:
+            self.schedule.flush()  # joins and departures since the last rewrite
 
     def _clock_reply(self, endpoint: RouterEndpoint, got: tuple[str, Message, str]) -> bool:
         """A TIME_REPLY is taken the moment it is read (its arrival is a clock stamp), never queued

@@ -308,3 +308,27 @@ def test_schedule_state_is_kept_in_the_store_and_written_to_schedule_json(tmp_pa
     finally:
         store.close()
     assert not list((tmp_path / "exp").glob(".schedule-*")), "no temporary file left behind"
+
+
+def test_joins_rewrite_schedule_json_at_most_every_write_interval(tmp_path: Path) -> None:
+    """Every rewrite holds every daemon: a rewrite per join made 1,000 joins O(daemons**2). The
+    store's table changes at once; the file follows at the next flush due."""
+    from coordinator.schedule import WRITE_EVERY_S, ScheduleBook
+    from coordinator.store import Store
+
+    store = Store.open(tmp_path / "exp")
+    try:
+        book = ScheduleBook(store, "exp", FAST, clock=Clock())
+        board = BreakerBoard(failures=1, recovery_after_s=5.0)
+        path = tmp_path / "exp" / "schedule.json"
+        for i in range(50):
+            book.joined(f"d{i}", "class-a", f"node-{i}", board)
+        assert len(json.loads(path.read_text())["daemons"]) == 0, "rewritten per join"
+        assert "daemon:d49" in store.schedule()
+        book.flush()
+        assert len(json.loads(path.read_text())["daemons"]) == 0, "rewritten before the interval passed"
+        book._written_at -= WRITE_EVERY_S  # as if the interval had passed
+        book.flush()
+        assert len(json.loads(path.read_text())["daemons"]) == 50
+    finally:
+        store.close()
