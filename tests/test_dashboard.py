@@ -212,6 +212,22 @@ class Page:
             self.page.wait_for_timeout(250)
         raise AssertionError(f"{selector}[{name}] never satisfied the condition; last value {value!r}")
 
+    def wait_text(self, selector: str, ok, timeout_s: float = 30.0) -> str:
+        """Wait until ``ok(text)`` for the first match's text; returns the text.
+
+        An element can be attached before Panel has filled it in, so a single read may see ''.
+        """
+        deadline = time.monotonic() + timeout_s
+        text = ""
+        while time.monotonic() < deadline:
+            loc = self.page.locator(selector)
+            if loc.count():
+                text = str(loc.first.text_content() or "")
+                if ok(text):
+                    return text
+            self.page.wait_for_timeout(250)
+        raise AssertionError(f"{selector} text never satisfied the condition; last text {text!r}")
+
     def drag_on_plot(self, x0: float, y0: float, x1: float, y1: float) -> None:
         """Drag with the mouse across the first plot canvas, from ``(x0, y0)`` to ``(x1, y1)`` as
         fractions of its box (the canvas also holds the title and axes: a drag meant for the frame
