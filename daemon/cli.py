@@ -321,8 +321,13 @@ def probe(args: argparse.Namespace) -> int:
     import json
 
     from daemon.devices import probe_devices
+    from servetune.errors import ServetuneError
 
-    devices = probe_devices(args.vllm_python, args.max_concurrency, args.co_tenancy)
+    try:
+        devices = probe_devices(args.vllm_python, args.max_concurrency, args.co_tenancy)
+    except ServetuneError as exc:  # NVML not answering
+        log.error("%s", exc)
+        return ExitCode.ERROR
     result = node_preflight(args, bool(devices.gpus)).run()
     print(json.dumps({"devices": devices.model_dump(mode="json"), "preflight": result.as_dict()}, indent=2))
     return ExitCode.OK

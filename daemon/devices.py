@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.fingerprint import collect_fingerprint
 from daemon.gpusets import gpu_sets
-from daemon.nvml import nvml_session, read_use
+from daemon.nvml import read_use, with_nvml
 from servetune.result import Fingerprint, GPUTopology
 
 CPU_ONLY = "none (CPU-only node)"
@@ -97,13 +97,13 @@ def describe(fp: Fingerprint, nvml_status: str, uses: list[GPUDevice] | None = N
 def probe_devices(vllm_python: str | None = None, max_concurrency: int = 1, co_tenancy: bool = False) -> NodeDevices:
     """Read this node's devices now (the fingerprint part is cached per process)."""
     fp = collect_fingerprint(vllm_python)
-    with nvml_session() as (nvml, status):
-        uses = None
-        if nvml is not None and fp.gpus:
-            by_index = {g.index: g for g in fp.gpus}
-            uses = [GPUDevice(index=u.index, name=by_index[u.index].name if u.index in by_index else "unknown",
-                              memory_total_mib=u.memory_total_mib, memory_used_mib=u.memory_used_mib,
-                              compute_capability=by_index[u.index].compute_capability if u.index in by_index else None,
-                              processes=[GPUProcessInfo(pid=p.pid, used_mib=p.used_mib) for p in u.processes])
-                    for u in read_use(nvml)]
-        return describe(fp, "ok" if status.available else status.reason, uses, max_concurrency, co_tenancy)
+    raw, status = with_nvml(read_use)
+    uses = None
+    if raw is not None and fp.gpus:
+        by_index = {g.index: g for g in fp.gpus}
+        uses = [GPUDevice(index=u.index, name=by_index[u.index].name if u.index in by_index else "unknown",
+                          memory_total_mib=u.memory_total_mib, memory_used_mib=u.memory_used_mib,
+                          compute_capability=by_index[u.index].compute_capability if u.index in by_index else None,
+                          processes=[GPUProcessInfo(pid=p.pid, used_mib=p.used_mib) for p in u.processes])
+                for u in raw]
+    return describe(fp, "ok" if status.available else status.reason, uses, max_concurrency, co_tenancy)

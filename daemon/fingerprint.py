@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from pathlib import Path
 
-from daemon.nvml import nvml_session, read_gpu_info, read_topology
+from daemon.nvml import DEADLINE_ENV, NvmlNotAnswering, read_gpu_info, read_topology, with_nvml
 from servetune.result import Fingerprint, GPUInfo, GPUTopology
 
 log = logging.getLogger(__name__)
@@ -191,15 +191,18 @@ def _os_name() -> str:
 
 def _gpus_nvml() -> tuple[list[GPUInfo], GPUTopology] | None:
     """GPUs and their topology through NVML (:mod:`daemon.nvml`); ``None`` when there is no NVML."""
-    with nvml_session() as (nvml, status):
-        if nvml is None:
-            log.debug("NVML unavailable: %s", status.reason)
-            return None
-        try:
-            return read_gpu_info(nvml), read_topology(nvml)
-        except Exception as exc:
-            log.warning("reading GPUs through NVML failed (%s); trying nvidia-smi", exc)
-            return None
+    try:
+        found, status = with_nvml(lambda nvml: (read_gpu_info(nvml), read_topology(nvml)))
+    except Exception as exc:
+        log.warning("reading GPUs through NVML failed (%s); trying nvidia-smi", exc)
+        return None
+    if status.hung:  # a loaded driver that does not answer: not a CPU-only node, and no class to join as
+        raise NvmlNotAnswering(f"{status.reason}: this node's GPUs cannot be read, so it cannot say which "
+                               f"hardware class it is; fix the driver (nvidia-smi hangs too?) or raise "
+                               f"{DEADLINE_ENV}")
+    if found is None:
+        log.debug("NVML unavailable: %s", status.reason)
+    return found
 
 
 def _gpus_smi() -> list[GPUInfo]:

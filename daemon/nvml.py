@@ -4,7 +4,11 @@
 sessions may nest and run on several threads) and yields the module, or ``None`` with the reason
 where there is no NVML: no ``pynvml`` installed, no driver (a CPU-only node), or an init error.
 The readers take that module and never raise for one GPU that does not support a query: its
-reading is ``None``.
+reading is ``None``. :func:`with_nvml` runs a session and a reader on a worker thread within a
+deadline (``SERVETUNE_NVML_DEADLINE_S``, default 10 s): a wedged driver makes NVML calls block
+for minutes (``nvidia-smi`` hangs the same way), and the daemon must keep answering its
+coordinator; a call past its deadline reads as "NVML did not answer", and while it is still stuck
+no second one is started.
 
 ``SERVETUNE_TEST_NVML_MODULE`` (test-only) names another module to use instead of ``pynvml``:
 the tests' FAKE NVML (``tests/fakes/fake_nvml.py``), since no GPU exists where they run.
@@ -15,11 +19,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from servetune.errors import ServetuneError
 from servetune.result import GPUInfo, GPULink, GPUTopology
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,8 @@ class NvmlStatus:
 
     available: bool
     reason: str = ""
+    #: NVML was there but did not answer within its deadline (a driver is loaded: not a CPU-only node)
+    hung: bool = False
 
 
 def _text(value: object) -> str:
@@ -74,6 +82,63 @@ def nvml_session() -> Iterator[tuple[Any | None, NvmlStatus]]:
             nvml.nvmlShutdown()
         except Exception as exc:
             log.debug("nvmlShutdown: %s", exc)
+
+
+T = TypeVar("T")
+DEADLINE_ENV = "SERVETUNE_NVML_DEADLINE_S"
+DEFAULT_DEADLINE_S = 10.0
+_stuck_lock = threading.Lock()
+_stuck: threading.Thread | None = None  # the worker of a call that ran past its deadline, while it lives
+
+
+class NvmlNotAnswering(ServetuneError):
+    """NVML is there but does not answer: this node's GPUs cannot be told, so it cannot say what it is."""
+
+
+def deadline_s() -> float:
+    """The NVML deadline in seconds (``SERVETUNE_NVML_DEADLINE_S``; a bad value is the default, logged)."""
+    raw = os.environ.get(DEADLINE_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_DEADLINE_S
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        log.warning("%s=%r is not a positive number of seconds; using %.0f s", DEADLINE_ENV, raw, DEFAULT_DEADLINE_S)
+        return DEFAULT_DEADLINE_S
+    return value
+
+
+def with_nvml(work: Callable[[Any], T], timeout_s: float | None = None) -> tuple[T | None, NvmlStatus]:
+    """``(work(nvml), status)`` inside an NVML session, or ``(None, status)`` without NVML or past the
+    deadline. An exception from ``work`` is raised here, as if it had run on this thread."""
+    global _stuck
+    limit = deadline_s() if timeout_s is None else timeout_s
+    with _stuck_lock:
+        if _stuck is not None and _stuck.is_alive():
+            return None, NvmlStatus(False, "an earlier NVML call is still not answering (a hung driver?)", hung=True)
+        _stuck = None
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with nvml_session() as (nvml, status):
+                box["status"] = status
+                if nvml is not None:
+                    box["value"] = work(nvml)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="servetune-nvml", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        with _stuck_lock:
+            _stuck = worker
+        log.warning("NVML did not answer within %.1f s; treating it as unavailable until it does", limit)
+        return None, NvmlStatus(False, f"NVML did not answer within {limit:g} s (a hung driver?)", hung=True)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value"), box["status"]
 
 
 def _try(call: Any, *args: Any) -> Any:

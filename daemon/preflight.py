@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 
 from daemon.fingerprint import package_versions
 from daemon.gpusets import GPUSet, batch_gpu_set
-from daemon.nvml import nvml_session, read_use
+from daemon.nvml import read_use, with_nvml
 from servetune.errors import ServetuneError
 from servetune.result import Fingerprint
 from servetune.spec import ModelSpec
@@ -95,16 +95,16 @@ def check_gpus_idle(gpus: Iterable[int] | None, own_pids: Iterable[int] = (), ex
     ``expect_gpus``: the node has GPUs (seen some other way, e.g. nvidia-smi), so NVML not
     answering is a failure rather than a CPU-only node."""
     mine = set(own_pids)
-    with nvml_session() as (nvml, status):
-        if nvml is None:
-            if expect_gpus:
-                return Check("gpus_idle", "failed", f"this node has GPUs but NVML does not answer ({status.reason}): "
-                                                    "whether they are idle cannot be known")
-            return Check("gpus_idle", "skipped", f"no GPU to check ({status.reason})")
-        try:
-            uses = read_use(nvml)
-        except Exception as exc:
-            return Check("gpus_idle", "failed", f"reading GPU use through NVML failed: {exc}")
+    try:
+        found, status = with_nvml(read_use)
+    except Exception as exc:
+        return Check("gpus_idle", "failed", f"reading GPU use through NVML failed: {exc}")
+    if found is None:
+        if expect_gpus or status.hung:
+            return Check("gpus_idle", "failed", f"this node has GPUs but NVML does not answer ({status.reason}): "
+                                                "whether they are idle cannot be known")
+        return Check("gpus_idle", "skipped", f"no GPU to check ({status.reason})")
+    uses = found
     if not uses:
         return Check("gpus_idle", "skipped", "no GPU on this node (NVML reports none)")
     co_tenanted = set(shared)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,8 @@ class _State:
     library_found: bool = True
     initialised: int = 0
     calls: int = 0
+    #: a wedged driver: every memory query blocks until this event is set (None: answers at once)
+    hang: threading.Event | None = None
 
 
 STATE = _State()
@@ -179,6 +182,8 @@ def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:
 
 def nvmlDeviceGetMemoryInfo(handle: int) -> _Memory:
     gpu = _gpu(handle)
+    if STATE.hang is not None:
+        STATE.hang.wait()
     used = gpu.used_mib + sum(mib for _, mib in gpu.processes)
     return _Memory(total=gpu.memory_mib * MIB, free=(gpu.memory_mib - used) * MIB, used=used * MIB)
 
