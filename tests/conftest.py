@@ -29,7 +29,8 @@ E2E_SPEC = textwrap.dedent(
     name: e2e
     model: {source: tiny}
     engine:
-      fixed: {max_model_len: 256, max_num_batched_tokens: 512}
+      # eager: no torch.compile warm-up (about 25 s per server on these 2 cores)
+      fixed: {max_model_len: 256, max_num_batched_tokens: 512, enforce_eager: true}
       configs:
         - {max_num_seqs: 2}
         - {max_num_seqs: 16}
@@ -201,7 +202,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     server = VLLMServer(
         model=str(generate(root / "tiny")),
         served_name="tiny",
-        config=EngineConfig(args=EngineArgs(max_model_len=512, max_num_seqs=4)),
+        config=EngineConfig(args=EngineArgs(max_model_len=512, max_num_seqs=4, enforce_eager=True)),
         log_path=root / "vllm.log",
         load_format="dummy",
         server_cpus=cpus[:-1] if len(cpus) > 1 else None,

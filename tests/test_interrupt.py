@@ -24,7 +24,7 @@ SPEC = textwrap.dedent(
     name: interrupt
     model: {source: tiny}
     engine:
-      fixed: {max_model_len: 256, max_num_batched_tokens: 512}
+      fixed: {max_model_len: 256, max_num_batched_tokens: 512, enforce_eager: true}
       grid: {max_num_seqs: [4, 8]}
       env: {VLLM_CPU_KVCACHE_SPACE: 1}
     load_points:
