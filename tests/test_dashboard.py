@@ -252,7 +252,10 @@ class Page:
 
 # ------------------------------------------------------------------------------------- tests
 
+#: every page of the dashboard (its key in ``dashboards.app.PAGES``): the marker its content shows when
+#: it has loaded, and the experiment it is shot on (``test-artifacts/dashboard-PAGE-EXPERIMENT.png``)
 PAGES = {
+    "decision": (".st-decision", "planted"),
     "experiments": (".st-experiments", "e2e"),
     "pareto": (".st-pareto-summary", "e2e"),
     "parameters": (".st-progress-text, .st-section-done", "planted"),
