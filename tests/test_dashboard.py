@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -131,17 +131,19 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
 
 
 @contextlib.contextmanager
-def panel_served(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def panel_served(root: Path, log: Path, address: str | None = "127.0.0.1", extra: Sequence[str] = (),
+                 env_extra: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``panel serve dashboards/`` on a free loopback port over the results root ``root``, output
-    to ``log``, once it answers; killed with its process group when the block ends."""
+    to ``log``, once it answers; killed with its process group when the block ends. ``address``
+    None passes no ``--address`` (the dashboard's own default); ``extra`` are more options."""
     port = _free_port()
-    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1", **(env_extra or {}))
     log.parent.mkdir(exist_ok=True)
     panel = str(Path(sys.executable).with_name("panel"))
+    where = [] if address is None else ["--address", address, f"--allow-websocket-origin={address}:{port}"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
-             f"--allow-websocket-origin=127.0.0.1:{port}"],
+            [panel, "serve", "dashboards/", "--port", str(port), *where, *extra],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + SERVE_DEADLINE_S
