@@ -5,7 +5,8 @@ entry point that Bokeh executes, never a module anything imports, so its work ru
 The server warms up here, before it announces its URL: it loads every experiment's dataset, trial
 table and (for large ones) the default Pareto front (:func:`dashboards.app.state.warm_all`, the
 same per-version cache the pages read), then builds the Pareto explorer of the largest experiment
-and the experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
+its Decision page (which decides for the default inputs, cached for the first visit) and the
+experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
 datashader's numba kernels, per-version caches). The first browser visit then costs what any later
 one does (a 100,000-trial dataset otherwise made the first Pareto visit wait seconds for loading,
 the front and the compilation). It prints a line per experiment and one when done.
@@ -144,7 +145,8 @@ def warm_up(limit_s: float) -> None:
     else:
         loaded = [info for info in state.list_experiments() if info.has_dataset]
         largest = max(loaded, key=lambda info: sum(info.counts.values()), default=None)
-        for name, page in [*([(largest.name, "pareto")] if largest else []), (None, "experiments")]:
+        for name, page in [*([(largest.name, "pareto"), (largest.name, "decision")] if largest else []),
+                           (None, "experiments")]:
             t1 = time.perf_counter()
             try:
                 rehearse(name, page)

@@ -288,7 +288,7 @@ def test_every_page_loads_without_console_errors(served: Served, browser, page: 
 
 
 def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
-    """Every experiment is loaded and the largest one's Pareto explorer built once before Bokeh
+    """Every experiment is loaded and the largest one's Pareto explorer and Decision page built once before Bokeh
     announces its URL, so the first visit costs no more than later ones."""
     lines = served.log.read_text(encoding="utf-8", errors="replace").splitlines()
 
@@ -301,7 +301,8 @@ def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
     assert len([ln for ln in lines if "servetune dashboard: [" in ln and " loaded (" in ln]) == len(names), lines[:20]
     rehearsed = first("servetune dashboard: rehearsed the pareto page of big")  # the largest (24k configs)
     done = first(f"servetune dashboard: warm-up of {len(names)} experiment(s)")
-    assert first("servetune dashboard: loading") < rehearsed < done < first("Bokeh app running at")
+    decided = first("servetune dashboard: rehearsed the decision page of big")  # its default decision, cached
+    assert first("servetune dashboard: loading") < rehearsed < decided < done < first("Bokeh app running at")
 
 
 def test_the_rasterised_front_lies_inside_the_plot_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,7 +90,7 @@ def test_the_page_names_the_clis_config_for_the_same_inputs(root: Path, monkeypa
     assert "vllm serve" in text and "NOT distinguishable" not in text and "data-distinguishable='true'" in text
     # the CLI line the page shows for its inputs gives the page's answer
     cli = re.search(r"class='st-cmd st-decision-cli'>([^<]*)<", text)
-    assert cli is not None and "decide/results.nc --weights burst=1,steady=1" in cli.group(1)
+    assert cli is not None and "recommend decide --weights burst=1,steady=1" in cli.group(1)
     page.weights[0].value = 3.0  # burst (load points in sorted order)
     page.bounds[0].value = 250.0
     assert _winners(_shown(page)) == _cli(root, "decide", capsys, "--weights", "burst=3,steady=1", "--slo",
