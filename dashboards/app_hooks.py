@@ -4,7 +4,7 @@ entry point that Bokeh executes, never a module anything imports, so its work ru
 
 The server warms up here, before it announces its URL: it loads every experiment's dataset, trial
 table and (for large ones) the default Pareto front (:func:`dashboards.app.state.warm_all`, the
-same per-version cache the pages read), then builds the Pareto explorer of the largest experiment
+same per-version cache the pages read), then builds the Pareto explorer of the largest experiment,
 its Decision page (which decides for the default inputs, cached for the first visit) and the
 experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
 datashader's numba kernels, per-version caches). The first browser visit then costs what any later
