@@ -328,8 +328,7 @@ def _suspect(ds: xr.Dataset, obj: str, notes: Notes) -> np.ndarray:
     except AnalysisInputError as exc:
         notes.warn("drift_unchecked", f"drift could not be checked ({exc}); no trial is left out as drift-suspect")
         return np.zeros(n, dtype=bool)
-    wanted = set(res.suspect)
-    return np.asarray([str(t) in wanted for t in ds["trial_id"].values.tolist()], dtype=bool)
+    return np.asarray(pd.Index(ds["trial_id"].values.astype(str)).isin([str(t) for t in res.suspect]), dtype=bool)
 
 
 def _count(df: pd.DataFrame, mask: pd.Series | np.ndarray) -> int:
@@ -477,7 +476,7 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
 
 
 def _weights(df: pd.DataFrame, weights: Mapping[str, Any] | None) -> dict[str, float]:
-    known = sorted({str(v) for v in df["load_point"].astype(str)} - {""})
+    known = sorted({str(v) for v in pd.unique(df["load_point"].astype(str).to_numpy(dtype=object))} - {""})
     if not known:
         raise AnalysisInputError("the dataset has no trials with a load point: nothing to decide")
     if weights is None:
@@ -511,9 +510,34 @@ def fingerprint(ds: xr.Dataset) -> dict[str, Any]:
             "trials_sha256": h.hexdigest(), "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0))}
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`recommend` derives from the dataset alone, whatever the weights, SLOs and rule:
+    the trial table, the drift-suspect mask (the costliest part: :func:`analysis.drift.drift`) with
+    the warnings its check gave, and the data fingerprint. Made by :func:`prepare` for one dataset
+    and objective; valid only while that dataset is unchanged (the dashboard keeps one per dataset
+    version, so a page's later decisions skip this work)."""
+
+    objective: str
+    table: pd.DataFrame
+    suspect: np.ndarray
+    warnings: list[Caveat]
+    fingerprint: dict[str, Any]
+
+
+def prepare(ds: xr.Dataset, objective: str | None = None, table: pd.DataFrame | None = None) -> Prepared:
+    """The input-independent part of :func:`recommend` for ``ds`` (``table``: its trial table when
+    the caller already has it, as ``ds.sweep.table()`` gives it; never modified)."""
+    obj = objective_of(ds, objective)
+    notes = Notes()
+    suspect = _suspect(ds, obj, notes)
+    return Prepared(obj, trial_table(ds) if table is None else table, suspect, list(notes.warnings), fingerprint(ds))
+
+
 def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: list[dict[str, Any]] | None = None,
               rule: str = "weighted", include_drift: bool = False, objective: str | None = None, n_boot: int = 1000,
-              seed: int = 0, cross_hardware: str | None = None, prices: Mapping[str, Any] | None = None) -> Decision:
+              seed: int = 0, cross_hardware: str | None = None, prices: Mapping[str, Any] | None = None,
+              prepared: Prepared | None = None) -> Decision:
     """One engine config per hardware class for the traffic mix ``weights`` under ``slos``.
 
     Args:
@@ -527,6 +551,8 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         seed: resampling seed.
         cross_hardware: None (each class on its own) or a mode in :data:`CROSS_MODES` (labelled).
         prices: hardware class -> USD per GPU-hour, for ``per_gpu_hour`` (default the spec's).
+        prepared: :func:`prepare` of this same, unchanged ``ds`` (same result, less work); one
+            made for another objective is not used.
 
     Raises:
         AnalysisInputError: an unknown rule, load point, metric or mode, a bad weight, or
@@ -542,12 +568,17 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     obj = objective_of(ds, objective)
     metric_sense(obj)
     slo_list = slos_of(ds, slos)
-    table = trial_table(ds)
+    if prepared is not None and prepared.objective != obj:
+        prepared = None
+    table = trial_table(ds) if prepared is None else prepared.table
     if obj not in table:
         raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
     slo_cols = slo_columns(slo_list, table)
     w = _weights(table, weights)
-    suspect = _suspect(ds, obj, notes)
+    if prepared is None:  # after the inputs are checked: a bad weight is refused before the drift check
+        prepared = prepare(ds, obj, table)
+    suspect = prepared.suspect
+    notes.warnings.extend(prepared.warnings)
     n_suspect = int(suspect.sum())
     mode = "per-class"
     parts: list[tuple[str, pd.DataFrame]]
@@ -585,7 +616,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     if not slo_list:
         notes.warn("no_slos", "no SLOs are defined: every config with usable trials on every load point is feasible")
     return Decision(rule, RULES[rule], SLO_RULE, obj, w, slo_list, include_drift,
-                    0 if include_drift else n_suspect, mode, out, claim_for(ds), fingerprint(ds), n_boot,
+                    0 if include_drift else n_suspect, mode, out, claim_for(ds), dict(prepared.fingerprint), n_boot,
                     notes.warnings)
 
 

@@ -4,8 +4,9 @@ entry point that Bokeh executes, never a module anything imports, so its work ru
 
 The server warms up here, before it announces its URL: it loads every experiment's dataset, trial
 table and (for large ones) the default Pareto front (:func:`dashboards.app.state.warm_all`, the
-same per-version cache the pages read), then builds the Pareto explorer of the largest experiment
-and the experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
+same per-version cache the pages read), then builds the Pareto explorer of the largest experiment,
+its Decision page (which decides for the default inputs, cached for the first visit) and the
+experiments page once in a throwaway document (:func:`dashboards.app.rehearse`: imports,
 datashader's numba kernels, per-version caches). The first browser visit then costs what any later
 one does (a 100,000-trial dataset otherwise made the first Pareto visit wait seconds for loading,
 the front and the compilation). It prints a line per experiment and one when done.
@@ -14,14 +15,25 @@ The warm-up waits at most ``$SERVETUNE_DASHBOARD_WARM_UP_S`` seconds (default 60
 loaded by then go on loading in the background while the server starts (a page that needs one
 waits for that load rather than starting another), and the rehearsal is skipped. ``0`` starts the
 server at once with everything loading in the background.
+
+It also makes the dashboard listen on **localhost only** unless told otherwise: Bokeh's own default
+(no ``--address``) is every interface, which would open every result to the network by accident.
+When ``panel serve`` was given no ``--address`` (and no ``--unix-socket``), this file sets the
+command's address to ``localhost`` before Bokeh binds its port (:func:`listen_on_loopback_by_default`);
+an explicit ``--address`` is kept, with a loud warning when it is not loopback and no authentication
+(``--basic-auth``, ``--oauth-provider``, ``--auth-module`` or their environment variables) is on.
+Serving to a team: ``dashboards/README.md``, "Sharing the dashboard".
 """
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import logging
 import os
 import sys
 import time
+import types
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
@@ -38,6 +50,56 @@ DEFAULT_BUDGET_S = 60.0
 def _say(text: str) -> None:
     # print, not only log: `panel serve` shows no INFO lines by default, and the benchmark waits for these
     print(f"servetune dashboard: {text}", flush=True)
+
+
+def _serve_args() -> argparse.Namespace | None:
+    """The options of the ``panel serve`` (or ``bokeh serve``) command executing this file: the
+    ``args`` of Bokeh's ``Serve.invoke``, found up the call stack (None when run some other way)."""
+    from bokeh.command.subcommands.serve import Serve
+
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        args = frame.f_locals.get("args")
+        if frame.f_code.co_name == "invoke" and isinstance(frame.f_locals.get("self"), Serve) \
+                and isinstance(args, argparse.Namespace):
+            return args
+        frame = frame.f_back
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) stands for this machine's loopback interface only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _auth_on(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) for k in ("basic_auth", "oauth_provider", "auth_module")) or any(
+        os.environ.get(k) for k in ("PANEL_BASIC_AUTH", "PANEL_OAUTH_PROVIDER", "BOKEH_AUTH_MODULE"))
+
+
+def listen_on_loopback_by_default() -> None:
+    """Set ``panel serve``'s address to ``localhost`` when none was given (see the module doc)."""
+    args = _serve_args()
+    if args is None:
+        if "serve" in sys.argv[1:2]:
+            _say("WARNING: could not read the options of `panel serve`: without --address it listens on EVERY "
+                 "interface; pass --address localhost (dashboards/README.md, 'Sharing the dashboard')")
+        return
+    if getattr(args, "unix_socket", None):
+        return
+    if args.address is None:
+        args.address = "localhost"
+        _say("listening on localhost only; to serve a team see 'Sharing the dashboard' in dashboards/README.md "
+             "(--address, --basic-auth, --cookie-secret)")
+    elif not is_loopback(args.address) and not _auth_on(args):
+        _say(f"WARNING: listening on {args.address or 'every interface'} with NO authentication: anyone who "
+             "can reach this port sees every result; add --basic-auth and --cookie-secret (dashboards/README.md, "
+             "'Sharing the dashboard')")
 
 
 def budget_s() -> float:
@@ -83,7 +145,8 @@ def warm_up(limit_s: float) -> None:
     else:
         loaded = [info for info in state.list_experiments() if info.has_dataset]
         largest = max(loaded, key=lambda info: sum(info.counts.values()), default=None)
-        for name, page in [*([(largest.name, "pareto")] if largest else []), (None, "experiments")]:
+        for name, page in [*([(largest.name, "pareto"), (largest.name, "decision")] if largest else []),
+                           (None, "experiments")]:
             t1 = time.perf_counter()
             try:
                 rehearse(name, page)
@@ -107,4 +170,5 @@ def _start() -> None:
         log.exception("dashboard warm-up failed")
 
 
+listen_on_loopback_by_default()
 _start()

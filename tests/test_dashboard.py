@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -131,17 +131,19 @@ def served(e2e_sweep, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
 
 
 @contextlib.contextmanager
-def panel_served(root: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def panel_served(root: Path, log: Path, address: str | None = "127.0.0.1", extra: Sequence[str] = (),
+                 env_extra: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``panel serve dashboards/`` on a free loopback port over the results root ``root``, output
-    to ``log``, once it answers; killed with its process group when the block ends."""
+    to ``log``, once it answers; killed with its process group when the block ends. ``address``
+    None passes no ``--address`` (the dashboard's own default); ``extra`` are more options."""
     port = _free_port()
-    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SERVETUNE_RESULTS_ROOT=str(root), PYTHONUNBUFFERED="1", **(env_extra or {}))
     log.parent.mkdir(exist_ok=True)
     panel = str(Path(sys.executable).with_name("panel"))
+    where = [] if address is None else ["--address", address, f"--allow-websocket-origin={address}:{port}"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [panel, "serve", "dashboards/", "--port", str(port), "--address", "127.0.0.1",
-             f"--allow-websocket-origin=127.0.0.1:{port}"],
+            [panel, "serve", "dashboards/", "--port", str(port), *where, *extra],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + SERVE_DEADLINE_S
@@ -252,7 +254,10 @@ class Page:
 
 # ------------------------------------------------------------------------------------- tests
 
+#: every page of the dashboard (its key in ``dashboards.app.PAGES``): the marker its content shows when
+#: it has loaded, and the experiment it is shot on (``test-artifacts/dashboard-PAGE-EXPERIMENT.png``)
 PAGES = {
+    "decision": (".st-decision", "planted"),
     "experiments": (".st-experiments", "e2e"),
     "pareto": (".st-pareto-summary", "e2e"),
     "parameters": (".st-progress-text, .st-section-done", "planted"),
@@ -283,7 +288,7 @@ def test_every_page_loads_without_console_errors(served: Served, browser, page: 
 
 
 def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
-    """Every experiment is loaded and the largest one's Pareto explorer built once before Bokeh
+    """Every experiment is loaded and the largest one's Pareto explorer and Decision page built once before Bokeh
     announces its URL, so the first visit costs no more than later ones."""
     lines = served.log.read_text(encoding="utf-8", errors="replace").splitlines()
 
@@ -296,7 +301,8 @@ def test_server_warms_up_before_it_opens_its_port(served: Served) -> None:
     assert len([ln for ln in lines if "servetune dashboard: [" in ln and " loaded (" in ln]) == len(names), lines[:20]
     rehearsed = first("servetune dashboard: rehearsed the pareto page of big")  # the largest (24k configs)
     done = first(f"servetune dashboard: warm-up of {len(names)} experiment(s)")
-    assert first("servetune dashboard: loading") < rehearsed < done < first("Bokeh app running at")
+    decided = first("servetune dashboard: rehearsed the decision page of big")  # its default decision, cached
+    assert first("servetune dashboard: loading") < rehearsed < decided < done < first("Bokeh app running at")
 
 
 def test_the_rasterised_front_lies_inside_the_plot_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

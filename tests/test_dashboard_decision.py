@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shlex
 from collections.abc import Iterator
@@ -90,7 +91,7 @@ def test_the_page_names_the_clis_config_for_the_same_inputs(root: Path, monkeypa
     assert "vllm serve" in text and "NOT distinguishable" not in text and "data-distinguishable='true'" in text
     # the CLI line the page shows for its inputs gives the page's answer
     cli = re.search(r"class='st-cmd st-decision-cli'>([^<]*)<", text)
-    assert cli is not None and "decide/results.nc --weights burst=1,steady=1" in cli.group(1)
+    assert cli is not None and "recommend decide --weights burst=1,steady=1" in cli.group(1)
     page.weights[0].value = 3.0  # burst (load points in sorted order)
     page.bounds[0].value = 250.0
     assert _winners(_shown(page)) == _cli(root, "decide", capsys, "--weights", "burst=3,steady=1", "--slo",
@@ -252,3 +253,19 @@ def test_a_link_presets_the_traffic_mix(root: Path, monkeypatch: pytest.MonkeyPa
         shell = app.App({"page": "decision", "experiment": "decide", "weights": "burst=3,steady=1"}, live=False)
     assert [w.value for w in shell.current.weights] == [3.0, 1.0]
     assert _winners(_shown(shell.current)) == ["A"]
+
+
+def test_a_new_dataset_version_is_decided_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page keeps the decision's per-version part (trial table, drift check) per dataset version:
+    a new ``results.nc`` (here: B's trials now drift-suspect) must be decided on the new data, not on
+    the part kept for the old one."""
+    root = tmp_path / "runs"
+    nc = write_dataset(designed(DESIGN), root / "fresh", "fresh")
+    page = _page(root, "fresh", monkeypatch)
+    assert _winners(_shown(page)) == ["B"]
+    before = nc.stat().st_mtime_ns
+    write_dataset(_drifted(), root / "fresh", "fresh")
+    os.utime(nc, ns=(before + 10**9, before + 10**9))  # a new version even on a coarse clock
+    page.refresh()
+    text = _shown(page)
+    assert _winners(text) == ["A"] and "drift-suspect trials are left out" in text

@@ -32,11 +32,11 @@ from analysis.common import jsonable
 from analysis.crosshw import NORMALISATIONS, parse_prices
 from analysis.decide_cli import RECORD_FILE, parse_slo, parse_weights
 from analysis.decide_cli import build_parser as recommend_parser
-from analysis.decision import RULES, recommend
+from analysis.decision import RULES, Prepared, prepare, recommend
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, on_result, state
+from dashboards.app.versioned import RestartOnNewVersion
 from dashboards.decision_view import decision_html, labels_of, named_configs, recommend_command
-from servetune.schema import DATASET_FILE, DB_FILE
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ def serve_commands(folder: Path, doc: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def prepared(folder: Path, version: int) -> Prepared:
+    """The input-independent part of the decision (trial table, drift check, fingerprint) of this
+    dataset version, made once across sessions: every later decision on it (another weight, SLO
+    bound or rule) skips it."""
+    return state._cached(("decision-prepared", str(folder), version),
+                         lambda: prepare(state.dataset(folder), table=state.table(folder)))
+
+
 def record_html(folder: Path, doc: dict[str, Any], command: str) -> str:
     """Where the decision record is, what it names, and whether that is what the page shows."""
     path = folder / RECORD_FILE
@@ -99,7 +107,7 @@ def record_html(folder: Path, doc: dict[str, Any], command: str) -> str:
                f"{esc(inputs.get('rule'))})") + f"</div>{write}")
 
 
-class DecisionPage(pn.viewable.Viewer):
+class DecisionPage(RestartOnNewVersion, pn.viewable.Viewer):
     """Inputs (weights, SLO bounds, rule, drift switch, cross-hardware mode) and the decision."""
 
     def __init__(self, ctx: Context, **params: Any) -> None:
@@ -166,7 +174,7 @@ class DecisionPage(pn.viewable.Viewer):
         key = ("decision", str(folder), v, json.dumps(inputs, sort_keys=True))
 
         def compute() -> dict[str, Any]:
-            d = recommend(state.dataset(folder), n_boot=N_BOOT, seed=SEED, **inputs)
+            d = recommend(state.dataset(folder), n_boot=N_BOOT, seed=SEED, prepared=prepared(folder, v), **inputs)
             return jsonable(d)  # type: ignore[no-any-return]
 
         fut = state.background(key, compute)
@@ -197,17 +205,9 @@ class DecisionPage(pn.viewable.Viewer):
             f"<h4 style='font-size: 1.05em'>Decision record</h4>{record_html(self.folder, doc, command)}</div>", sizing_mode="stretch_width")]
 
     def cli_target(self) -> str:
-        """What to name the experiment on the CLI: its name when it has a store, else its
-        ``results.nc`` (the CLI resolves a bare name only to a folder with ``experiment.sqlite``)."""
-        if (self.folder / DB_FILE).exists() and self.ctx.experiment:
-            return self.ctx.experiment
-        return str(self.folder / DATASET_FILE)
-
-    def refresh(self) -> None:
-        v = state.version(self.folder)
-        if v != self.version:
-            self.version = v
-            self.start()
+        """What to name the experiment on the CLI: its name (``recommend`` resolves a name under the
+        results root to a folder with ``experiment.sqlite`` or only a ``results.nc``, as listed here)."""
+        return self.ctx.experiment or self.folder.name
 
     def __panel__(self) -> Any:
         return pn.Column(

@@ -28,6 +28,7 @@ from analysis.frame import AnalysisInputError
 from analysis.ranking import RankingResult, policies, rank
 from dashboards.app import Context, claim_html, esc, on_result, state, warnings_html
 from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.versioned import RestartOnNewVersion
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _score(iv: Any) -> str:
     return f"{iv.estimate:.4g}"
 
 
-class RankingPage(pn.viewable.Viewer):
+class RankingPage(RestartOnNewVersion, pn.viewable.Viewer):
     """Policy picker and one card per scenario x hardware class."""
 
     def __init__(self, ctx: Context, **params: Any) -> None:
@@ -215,12 +216,6 @@ class RankingPage(pn.viewable.Viewer):
                 value=cmd, height=110, sizing_mode="stretch_width", css_classes=["st-command"])]
             cards.append(pn.Column(*parts, table, sizing_mode="stretch_width"))
         return cards
-
-    def refresh(self) -> None:
-        v = state.version(self.folder)
-        if v != self.version:
-            self.version = v
-            self.start()
 
     def __panel__(self) -> Any:
         return pn.Column(self.drift, pn.Row(self.policy, self.weights, self.no_failover), self.describe, self.body,
