@@ -68,9 +68,14 @@ def test_the_dataset_the_analysis_and_the_report_say_simulated(sim_only: xr.Data
     assert capsys.readouterr().out.splitlines()[0].startswith(H100_LABEL + ": a model's expectation")
     doc = json.loads((tmp_path / "a.json").read_text())
     assert doc["simulated"] == H100_LABEL
+    from dashboards.app import state
+    from dashboards.app.marks import synthetic_html
     from dashboards.report import _title_html
 
     assert H100_LABEL in _title_html(doc)
+    banner = synthetic_html(folder)  # the page banner reads the dataset through the dashboard's own cache
+    assert H100_LABEL in banner and "SYNTHETIC" not in banner
+    assert state.is_synthetic(folder) is False
     assert recommend_main([str(folder / "results.nc"), "--n-boot", "0"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(H100_LABEL)
