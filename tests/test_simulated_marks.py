@@ -40,14 +40,14 @@ def _as_simulated(ds: xr.Dataset, classes: dict[str, str]) -> xr.Dataset:
 
 @pytest.fixture(scope="module")
 def sim_only() -> xr.Dataset:
-    ds, _ = planted(n_configs=8, n_params=2, load_points=("lp",), fail_rate_region=0.0, fail_rate_base=0.0,
+    ds, _ = planted(n_configs=4, n_params=1, load_points=("lp",), fail_rate_region=0.0, fail_rate_base=0.0,
                     hardware_classes=("a",), seed=1)
     return _as_simulated(ds, {"a": "sim-1xH100-80G"})
 
 
 @pytest.fixture(scope="module")
 def mixed() -> xr.Dataset:
-    ds, _ = planted(n_configs=8, n_params=2, load_points=("lp",), fail_rate_region=0.0, fail_rate_base=0.0,
+    ds, _ = planted(n_configs=4, n_params=1, load_points=("lp",), fail_rate_region=0.0, fail_rate_base=0.0,
                     hardware_classes=("a", "1xA100-80GB"), gpu_hour_prices={"a": 1.0, "1xA100-80GB": 1.0}, seed=2)
     return _as_simulated(ds, {"a": "sim-1xH100-80G"})
 
