@@ -93,8 +93,11 @@ def summary_text(doc: dict[str, Any]) -> str:
     lines = [f"experiment {doc['experiment']}: {doc['counts']['trials']} trials "
              f"({doc['counts']['ok']} ok, {doc['counts']['failed']} failed, {doc['counts']['hole']} holes); "
              f"{doc['design']['claim']['kind']}s: {doc['design']['claim']['why']}"]
+    if doc.get("simulated"):
+        lines.insert(0, f"{doc['simulated']}: a model's expectation, nothing here was measured")
     for part in doc.get("per_hardware_class") or []:
-        lines.append(f"hardware class {part.get('hardware_class')} (analysed on its own):")
+        sim = f" {part['simulated']}" if part.get("simulated") else ""
+        lines.append(f"hardware class {part.get('hardware_class')}{sim} (analysed on its own):")
         lines.extend("  " + line for line in summary_text(part).splitlines()[1:])
     cross = doc.get("cross_hardware")
     if isinstance(cross, dict):

@@ -35,7 +35,7 @@ import xarray as xr
 
 from analysis.common import Caveat
 from analysis.frame import AnalysisInputError, trial_table
-from analysis.hardware import classes_of
+from analysis.hardware import classes_of, require_not_mixed
 from analysis.pareto import ParetoResult, front
 from analysis.ranking import RankingResult, rank
 
@@ -154,6 +154,7 @@ def compare_hardware(ds: xr.Dataset, normalise: str = "per_gpu", prices: Mapping
     classes = classes_of(ds)
     if not classes:
         raise AnalysisInputError("no trial records a hardware class: there is nothing to compare across hardware")
+    require_not_mixed(ds, "a cross-hardware comparison")
     used: dict[str, float] = {}
     source = ""
     warnings: list[Caveat] = []

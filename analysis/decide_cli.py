@@ -30,6 +30,7 @@ from servetune.errors import ServetuneError
 from servetune.export import engine_config_from_params, model_argument, serve_command
 from servetune.paths import resolve_experiment_dir
 from servetune.schema import DATASET_FILE, QUANTILE_VARIABLES
+from servetune.simulated import sim_profile, simulated_label
 
 RECORD_FILE = "decision.json"
 RECORD_VERSION = 1
@@ -117,9 +118,12 @@ def human(decision: Decision, commands: dict[str, str], path: Path) -> str:
              f"objective: {decision.objective}; mode: {decision.mode}"]
     if decision.dataset.get("synthetic"):
         lines.insert(0, "SYNTHETIC data: nothing here was measured")
+    if decision.dataset.get("simulated"):
+        lines.insert(0, f"{decision.dataset['simulated']}: a model's expectation, nothing here was measured")
     for c in decision.classes:
         lines.append("")
-        lines.append(c.sentence)
+        profile = sim_profile(c.hardware_class)
+        lines.append((f"{simulated_label([c.hardware_class])}: " if profile else "") + c.sentence)
         if c.winner is not None and c.winner.config_id in commands:
             lines.append(commands[c.winner.config_id])
         lines.append(f"  feasible {c.n_feasible} of {c.n_configs} configs; excluded: "
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 params = serve_params(ds, c.winner.config_id)
                 prov = {"experiment": ds.attrs.get("experiment", ""), "config": c.winner.config_id[:16],
                         "spec": str(ds.attrs.get("spec_hash", ""))[:12], "decision": RECORD_FILE}
+                if sim_profile(c.hardware_class):  # an export from a simulator run says so in its first line
+                    prov = {"SIMULATED": simulated_label([c.hardware_class]).removeprefix("SIMULATED "), **prov}
                 commands[c.winner.config_id] = serve_command(engine_config_from_params(params), marg,
                                                              provenance=prov).text()
     except (AnalysisInputError, ServetuneError, ValueError) as exc:

@@ -61,7 +61,7 @@ from analysis.common import Caveat, Claim, Interval, Notes, claim_for, percentil
 from analysis.crosshw import NORMALISATIONS, relabel, resolve_prices
 from analysis.drift import drift
 from analysis.frame import AnalysisInputError, metric_sense, trial_table
-from analysis.hardware import classes_of, failover_of, per_class
+from analysis.hardware import classes_of, failover_of, per_class, require_not_mixed, simulated_of
 from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups, param_values
 from analysis.ranking import objective_of, slo_columns, slos_of
 from servetune.ranking import NOT_THE_CONFIGS_FAULT
@@ -507,7 +507,8 @@ def fingerprint(ds: xr.Dataset) -> dict[str, Any]:
             h.update("\x1f".join(map(str, ds[name].values.tolist())).encode())
     return {"schema_version": int(ds.attrs.get("schema_version", 0) or 0), "spec_hash": str(ds.attrs.get("spec_hash", "")),
             "experiment": str(ds.attrs.get("experiment", "")), "n_trials": int(ds.sizes.get("trial", 0)),
-            "trials_sha256": h.hexdigest(), "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0))}
+            "trials_sha256": h.hexdigest(), "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
+            "simulated": simulated_of(ds)}
 
 
 @dataclass(frozen=True)
@@ -583,6 +584,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     mode = "per-class"
     parts: list[tuple[str, pd.DataFrame]]
     if cross_hardware is not None:
+        require_not_mixed(ds, "a decision")
         classes = classes_of(ds)
         src = ds
         if cross_hardware == "per_gpu_hour":

@@ -30,6 +30,7 @@ import xarray as xr
 
 from analysis.common import Notes
 from analysis.frame import AnalysisInputError
+from servetune.simulated import is_simulated, mixed_message, simulated_label
 
 TAGS = "tags"
 FAILOVER_PREFIX = "failover-from:"
@@ -90,6 +91,34 @@ def classes_of(data: xr.Dataset | pd.DataFrame) -> list[str]:
     """The distinct hardware classes of the rows (sorted; "" of holes left out)."""
     hw = _column(data, "hardware_class")
     return [] if hw is None else sorted({str(v) for v in hw.tolist() if str(v)})
+
+
+def simulated_mask(data: xr.Dataset | pd.DataFrame) -> np.ndarray:
+    """Per row: whether the trial is SIMULATED (:func:`servetune.simulated.is_simulated`: backend ``sim``
+    or a ``sim-`` hardware class); planted synthetic data (backend ``synthetic``) is not."""
+    backend = _column(data, "backend")
+    hw = _column(data, "hardware_class")
+    n = len(backend) if backend is not None else (len(hw) if hw is not None else 0)
+    b = backend.tolist() if backend is not None else [None] * n
+    h = hw.tolist() if hw is not None else [None] * n
+    return np.array([is_simulated(x, y) for x, y in zip(b, h)], dtype=bool)
+
+
+def simulated_of(data: xr.Dataset | pd.DataFrame) -> str | None:
+    """The SIMULATED label of the rows (:func:`servetune.simulated.simulated_label`, naming the profiles
+    and their calibration) when any trial is simulated, else None."""
+    mask = simulated_mask(data)
+    if not mask.any():
+        return None
+    hw = _column(data, "hardware_class")
+    return simulated_label(hw[mask].tolist() if hw is not None else [])
+
+
+def require_not_mixed(data: xr.Dataset | pd.DataFrame, what: str) -> None:
+    """Refuse ``what`` (a ranking, a front, a decision) over simulated and measured trials together."""
+    mask = simulated_mask(data)
+    if mask.any() and not mask.all():
+        raise AnalysisInputError(mixed_message(what))
 
 
 def several_classes_message(classes: Sequence[str], what: str) -> str:

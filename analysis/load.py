@@ -34,6 +34,8 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     built them, whichever layout the file has (:mod:`servetune.netcdf`: fixed-width char arrays,
     or the variable-length strings of older files, which xarray reads as fixed-width unicode).
     Raises :class:`MissingExperimentError` (an :class:`ExperimentNotFoundError`) when there is none.
+    A dataset with SIMULATED trials (backend ``sim``) gets the attribute ``simulated``: the label
+    naming their profiles and calibration (:func:`analysis.hardware.simulated_of`).
     """
     direct = Path(experiment)
     if direct.suffix == ".nc" and direct.is_file():
@@ -55,6 +57,11 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     version = int(loaded.attrs.get("schema_version", 0))
     if version != SCHEMA_VERSION:
         raise MissingExperimentError(f"{path} has schema version {version}; this servetune reads {SCHEMA_VERSION}")
+    from analysis.hardware import simulated_of
+
+    label = simulated_of(loaded)
+    if label is not None:  # the mark every reader (reports, decisions, pages) finds on the dataset
+        loaded.attrs["simulated"] = label
     return loaded
 
 

@@ -32,7 +32,7 @@ import xarray as xr
 
 from analysis.common import Notes, claim_for, context_of, design_of, jsonable
 from analysis.frame import AnalysisInputError, parameters, trial_table
-from analysis.hardware import classes_of, per_class, select_failover
+from analysis.hardware import classes_of, per_class, select_failover, simulated_of
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ def _head(ds: xr.Dataset, df: pd.DataFrame, metric: str, lp: str | None, params:
         "experiments": json.loads(ds.attrs["experiments"]) if ds.attrs.get("experiments") else
         [str(ds.attrs.get("experiment", ""))],
         "synthetic": bool(int(ds.attrs.get("synthetic", 0) or 0)),
+        "simulated": simulated_of(ds),
         "design": {"design": design, "randomized": randomized, "claim": jsonable(claim_for(ds))},
         "context": jsonable(context_of(ds, lp)),
         "metric": metric,

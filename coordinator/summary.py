@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from coordinator.store import Store
 from servetune.manifest import Plan, swept_names
 from servetune.ranking import RankedConfig, TrialSummary, rank
+from servetune.sim.profiles import DEFAULT_SIM_PROFILE
+from servetune.simulated import simulated_label
 from servetune.spec import ExperimentSpec
 
 
@@ -108,8 +111,12 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
     policy = spec.ranking
     gate = ", configs meeting every SLO first" if policy.require_slos and spec.slos else ""
     slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos) or "none"
+    sim = simulated_label([f"sim-1x{spec.backend.profile or DEFAULT_SIM_PROFILE}"]) if spec.backend.kind == "sim" else ""
+    if sim:
+        console.print(f"{sim}: every figure below is the simulated vLLM's, nothing was measured", markup=False)
     for lp, rows in ranked.items():
-        table = Table(title=f"load point {lp}: ranked by {policy.objective}{gate} (SLOs: {slo_text})")
+        table = Table(title=escape(f"{sim + ' ' if sim else ''}load point {lp}: ranked by {policy.objective}{gate} "
+                                   f"(SLOs: {slo_text})"))
         for col, justify in [
             ("rank", "right"), ("engine config", "left"), ("req/s", "right"), ("out tok/s", "right"),
             ("TTFT p50", "right"), ("TTFT p99", "right"), ("TPOT p50", "right"), ("TPOT p99", "right"),

@@ -222,7 +222,18 @@ def expected_metrics(backend: BackendSpec, config: EngineConfig, lp: LoadPoint, 
     """The noiseless truth: every metric of ``config`` at ``lp`` with the noise off.
     Raises :class:`~servetune.sim.engine.SimStartError` for a config vLLM would not start."""
     quiet = backend.model_copy(update={"noise": False})
-    server = sim_server(quiet, config)
-    trial = simulate_trial(server, quiet, lp, seed=0, deadline_s=deadline_s, vocab_size=vocab_size)
-    return summarize(trial.samples, trial.window_s, slos, offered_rate=trial.offered_rate,
-                     concurrency_capped=lp.request_rate is not None and lp.max_concurrency is not None)
+    return expected_trial(sim_server(quiet, config), quiet, lp, slos, vocab_size, deadline_s)[0]
+
+
+def expected_trial(server: SimServer, backend: BackendSpec, lp: LoadPoint, slos: Sequence[SLO] = (),
+                   vocab_size: int = 2048, deadline_s: float = math.inf, drain_timeout_s: float = 60.0,
+                   tokenizer_path: str | None = None) -> tuple[TrialMetrics, float]:
+    """The noiseless truth of ``lp`` on an already started ``server`` (noise off whatever ``backend``
+    says), and the simulated seconds the trial took from its first send (warm-up included) to its last token."""
+    quiet = backend.model_copy(update={"noise": False})
+    trial = simulate_trial(server, quiet, lp, seed=0, deadline_s=deadline_s, vocab_size=vocab_size,
+                           drain_timeout_s=drain_timeout_s, tokenizer_path=tokenizer_path)
+    metrics = summarize(trial.samples, trial.window_s, slos, offered_rate=trial.offered_rate,
+                        concurrency_capped=lp.request_rate is not None and lp.max_concurrency is not None)
+    span_ns = (max(s.end_ns for s in trial.samples) - min(s.send_ns for s in trial.samples)) if trial.samples else 0
+    return metrics, span_ns / 1e9

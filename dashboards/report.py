@@ -441,6 +441,9 @@ def _title_html(doc: dict[str, Any]) -> str:
     if doc.get("synthetic"):
         parts.append('<div class="synthetic">SYNTHETIC DATA: this experiment was generated with planted '
                      "effects; nothing in it was measured.</div>")
+    if doc.get("simulated"):
+        parts.append(f'<div class="synthetic">{_e(doc["simulated"])}: these trials ran on the simulated vLLM; '
+                     "nothing in them was measured.</div>")
     return "".join(parts)
 
 

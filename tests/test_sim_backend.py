@@ -46,7 +46,11 @@ def test_a_sim_sweep_through_the_coordinator_and_a_daemon(tmp_path: Path, tiny_c
     proc = subprocess.run(coordinator_cmd("sweep", str(spec), "--results-root", str(tmp_path / "runs")),
                           capture_output=True, text=True, timeout=300, env=cli_env(tiny_cache))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    label = "SIMULATED (profile cpu-tiny: uncalibrated (rough figures from DESIGN.md tiny-model runs, not fitted))"
+    assert f"{label}: every figure below is the simulated vLLM's" in proc.stdout
+    assert proc.stdout.count(f"{label} load point c32") == 1, "the ranked table's title says SIMULATED"
     ds = analysis.load("simsweep", results_root=tmp_path / "runs")
+    assert ds.attrs["simulated"] == label
     assert set(ds.backend.values) == {"sim"}
     assert set(ds.hardware_class.values) == {"sim-1xcpu-tiny"}
     status = dict(zip(ds.param_max_num_seqs.values.tolist(), ds.status.values.tolist()))

@@ -43,6 +43,18 @@ def test_more_max_num_seqs_raises_throughput_until_compute_or_kv_binds() -> None
     m64 = expected_metrics(H100_8B, _cfg(max_num_seqs=64, **short), lp)
     m512 = expected_metrics(H100_8B, _cfg(max_num_seqs=512, **short), lp)
     assert m512.output_throughput < 1.2 * m64.output_throughput < thr[4], (m64.output_throughput, m512.output_throughput)
+    # past the KV bind more seats only buy preemptions (recomputed prompts; 0, 25, 39 at 64, 128, 512 seats
+    # here) and take their sampling memory from the KV cache: TTFT rises, throughput does not
+    m128 = expected_metrics(H100_8B, _cfg(max_num_seqs=128, **short), lp)
+    assert m512.mean_ttft_ms > m128.mean_ttft_ms and m512.output_throughput <= m128.output_throughput, (
+        m128.mean_ttft_ms, m512.mean_ttft_ms)
+    preempted = {}
+    quiet = H100_8B.model_copy(update={"noise": False})
+    for mns in (64, 512):
+        trial = simulate_trial(sim_server(quiet, _cfg(max_num_seqs=mns, **short)), quiet, lp, seed=0, deadline_s=1e9,
+                               vocab_size=128256)
+        preempted[mns] = trial.counters["num_preemptions_total"]
+    assert preempted[64] == 0 < preempted[512], preempted
 
 
 def test_chunked_prefill_trades_ttft_for_tpot() -> None:

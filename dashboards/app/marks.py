@@ -31,6 +31,8 @@ from analysis.drift import drift
 from analysis.frame import AnalysisInputError
 from analysis.report import default_metric
 from dashboards.app import Context, esc, state
+from servetune.errors import ServetuneError
+from servetune.schema import DATASET_FILE
 
 #: switch label -> mode (``?drift=`` value)
 MODES: dict[str, str] = {"leave them out": "exclude", "show them apart": "apart"}
@@ -131,8 +133,19 @@ def drift_bar(ctx: Context, marks: DriftMarks, how: dict[str, str], n_rows: int 
 
 def synthetic_html(folder: Path | None) -> str:
     """The SYNTHETIC banner of an experiment whose data was generated (``synthetic`` attribute of its
-    dataset, the mark the report reads too), else nothing."""
-    if folder is None or not state.is_synthetic(folder):
+    dataset, the mark the report reads too), and the SIMULATED banner of one whose trials ran on the
+    simulated vLLM (``simulated`` attribute, set by :func:`analysis.load`), else nothing."""
+    if folder is None:
         return ""
-    return ("<div class='st-synthetic'>SYNTHETIC DATA: this experiment was generated with planted effects; "
-            "nothing in it was measured on a real server.</div>")
+    html = ""
+    if state.is_synthetic(folder):
+        html = ("<div class='st-synthetic'>SYNTHETIC DATA: this experiment was generated with planted effects; "
+                "nothing in it was measured on a real server.</div>")
+    try:  # the dataset the pages read anyway (cached per version); one that cannot load has no banner here
+        simulated = state.dataset(folder).attrs.get("simulated") if (folder / DATASET_FILE).exists() else None
+    except (ServetuneError, OSError, ValueError):
+        simulated = None
+    if simulated:  # set by analysis.load: trials of the sim backend, their profiles and calibration
+        html += (f"<div class='st-synthetic st-simulated'>{esc(str(simulated))}: these trials ran on the simulated "
+                 "vLLM (servetune.sim); nothing in them was measured on a real server.</div>")
+    return html
