@@ -22,6 +22,7 @@ falls below the fraction (the curve has not flattened within the loads measured)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,10 +105,18 @@ def median_interval(values: Sequence[float] | np.ndarray, level: float = LEVEL) 
     med = float(np.median(v))
     if n < 2:
         return Band(med, math.nan, math.nan, math.nan, 1)
-    tail = 1.0 - (1.0 - level) / 2.0
-    high, conf = median_upper_bound(v, tail)
-    low, _ = median_upper_bound(-v, tail)
-    return Band(med, -low, high, 2.0 * conf - 1.0, n)
+    k, conf = _order_statistic(n, 1.0 - (1.0 - level) / 2.0)
+    v = np.sort(v)
+    return Band(med, float(v[n - 1 - k]), float(v[k]), 2.0 * conf - 1.0, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _order_statistic(n: int, tail: float) -> tuple[int, float]:
+    """The 0-based index of the order statistic that bounds the median of ``n`` repeats from above
+    at one-sided confidence ``tail`` (or the largest, below it) and its exact confidence: what
+    :func:`analysis.decision.median_upper_bound` picks, found once per ``n`` (it depends on nothing else)."""
+    at, conf = median_upper_bound(np.arange(n, dtype=float), tail)
+    return int(at), float(conf)
 
 
 @dataclass
