@@ -130,7 +130,20 @@ class CurvesPage(pn.viewable.Viewer):
                              pn.indicators.LoadingSpinner(value=True, size=30)]
         folder, v, dmode = self.folder, state.version(self.folder), self.drift_mode
         fut = state.background(("curves", str(folder), v, dmode), lambda: _compute(folder, dmode))
-        on_result(fut, self._done)
+        doc = pn.state.curdoc
+        on_result(fut, lambda f: self._in_session(doc, f))
+
+    def _in_session(self, doc: Any, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
+        """:meth:`_done` with the session's document as Panel's current one: a next-tick callback runs
+        without it, and the models built then pointed their stylesheets at Panel's CDN (unreachable
+        offline: the browser logged a failed load per widget kind)."""
+        if doc is None or pn.state.curdoc is doc:
+            self._done(fut)
+            return
+        from panel.io.state import set_curdoc
+
+        with set_curdoc(doc):
+            self._done(fut)
 
     def _done(self, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
         try:
@@ -212,8 +225,10 @@ class CurvesPage(pn.viewable.Viewer):
         knees = "".join(self._knee_row(si, s, cid, i) for cid, i in rows)
         table = (f"<table class='st-table st-knees' data-series='{si}'><tr><th>config</th><th>knee "
                  f"({esc(KINDS[s.kind])})</th><th>why</th></tr>{knees}</table>")
-        grid = pn.GridBox(*[pn.pane.Bokeh(f, sizing_mode="stretch_width") for f in figs], ncols=2,
-                          sizing_mode="stretch_width")
+        from bokeh.layouts import gridplot
+
+        grid = pn.pane.Bokeh(gridplot([figs[k:k + 2] for k in range(0, len(figs), 2)], sizing_mode="stretch_width",
+                                      merge_tools=False), sizing_mode="stretch_width")
         return [pn.pane.HTML("".join(notes), sizing_mode="stretch_width"), grid,
                 pn.pane.HTML(table, sizing_mode="stretch_width")]
 
@@ -226,39 +241,50 @@ class CurvesPage(pn.viewable.Viewer):
 
     def _figure(self, si: int, s: Series, col: str, word: str, rows: list[tuple[str, int]],
                 knees: bool = False) -> Any:
+        """One panel: every config's line in one multi-line source (``lines|series|column``: ``xs``,
+        ``ys``, ``config``, ``label``), its points with their intervals (``points|series|column``), the
+        knee marks on the throughput panel (``knees|series``: ``x``, ``y``, ``config``) and the SLO line
+        (a Span): few Bokeh models, so a page of eight panels stays quick to build and send."""
         pos = s.loads[s.loads > 0]
         log_x = len(pos) == len(s.loads) and len(pos) > 1 and pos.max() / pos.min() >= 8
         fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log" if log_x else "linear",
                      title=f"{word} vs {KINDS[s.kind].split(' (')[0]}", x_axis_label=KINDS[s.kind],
                      y_axis_label=axis_label(col), tools="pan,wheel_zoom,box_zoom,reset,save")
-        renderers = []
+        lines: dict[str, list[Any]] = {"xs": [], "ys": [], "config": [], "label": [], "color": []}
+        pts: dict[str, list[Any]] = {k: [] for k in ("x", "y", "low", "high", "n", "interval", "config", "label",
+                                                     "color")}
+        kn: dict[str, list[Any]] = {"x": [], "y": [], "config": [], "label": [], "why": [], "color": []}
         for n, (cid, i) in enumerate(rows):
-            colour = Category10_10[n % 10]
-            label = self.labels.get(cid, cid)
+            colour, label = Category10_10[n % 10], self.labels.get(cid, cid)
             y = s.medians[col][i]
-            has = np.isfinite(y)
-            bands = [s.band(i, j, col) for j in range(len(s.loads))]
-            data = {"x": s.loads[has], "y": y[has], "n": s.counts[i][has],
-                    "low": np.asarray([b.low for b in bands])[has], "high": np.asarray([b.high for b in bands])[has],
-                    "interval": [("no interval (single repeat)" if b.n < 2 else
-                                  f"[{b.low:.4g}, {b.high:.4g}] at {b.level:.1%}") for b, h in zip(bands, has) if h],
-                    "label": [label] * int(has.sum()), "config": [cid] * int(has.sum())}
-            src = ColumnDataSource(data, name=f"curve|{si}|{col}|{cid}")
-            line = fig.line("x", "y", source=src, color=colour, line_width=2, legend_label=label[:60])
-            fig.scatter("x", "y", source=src, color=colour, size=7)
-            renderers.append(line)
-            ok = np.isfinite(data["low"])
-            if ok.any():
-                err = ColumnDataSource({k: np.asarray(v)[ok] for k, v in data.items()}, name=f"interval|{si}|{col}|{cid}")
-                fig.segment("x", "low", "x", "high", source=err, color=colour, line_width=2, alpha=0.6)
-            if knees:
-                k = s.knee(i)
-                if k.load is not None:
-                    at = int(np.flatnonzero(s.loads == k.load)[0])
-                    ksrc = ColumnDataSource({"x": [k.load], "y": [float(y[at])], "label": [label], "config": [cid],
-                                             "why": [k.why]}, name=f"knee|{si}|{cid}")
-                    fig.scatter("x", "y", source=ksrc, marker="star", size=18, color=colour, line_color="black",
-                                legend_label="knee")
+            has = np.flatnonzero(np.isfinite(y))
+            lines["xs"].append(s.loads[has].tolist())
+            lines["ys"].append(y[has].tolist())
+            lines["config"].append(cid)
+            lines["label"].append(label[:60])
+            lines["color"].append(colour)
+            for j in has.tolist():
+                b = s.band(i, j, col)
+                for k, v in (("x", float(s.loads[j])), ("y", float(y[j])), ("low", b.low), ("high", b.high),
+                             ("n", b.n), ("config", cid), ("label", label), ("color", colour),
+                             ("interval", "no interval (single repeat)" if b.n < 2 else
+                              f"[{b.low:.4g}, {b.high:.4g}] at {b.level:.1%}")):
+                    pts[k].append(v)
+            k_ = s.knee(i) if knees else None
+            if k_ is not None and k_.load is not None:
+                for k, v in (("x", k_.load), ("y", float(y[int(np.flatnonzero(s.loads == k_.load)[0])])),
+                             ("config", cid), ("label", label), ("why", k_.why), ("color", colour)):
+                    kn[k].append(v)
+        fig.multi_line("xs", "ys", source=ColumnDataSource(lines, name=f"lines|{si}|{col}"), color="color",
+                       line_width=2, legend_field="label")
+        points = fig.scatter("x", "y", source=ColumnDataSource(pts, name=f"points|{si}|{col}"), color="color", size=7)
+        bars = {k: [v for v, lo in zip(vs, pts["low"]) if math.isfinite(lo)] for k, vs in pts.items()}
+        if bars["x"]:
+            fig.segment("x", "low", "x", "high", source=ColumnDataSource(bars, name=f"intervals|{si}|{col}"),
+                        color="color", line_width=2, alpha=0.6)
+        if kn["x"]:
+            fig.scatter("x", "y", source=ColumnDataSource(kn, name=f"knees|{si}"), marker="star", size=18,
+                        color="color", line_color="black", legend_label="knee")
         bound = self.slos.get(col)
         if bound is not None:
             fig.add_layout(Span(location=bound, dimension="width", line_color="#b00020", line_dash="dashed",
@@ -266,7 +292,7 @@ class CurvesPage(pn.viewable.Viewer):
             fig.add_layout(Label(x=5, y=bound, x_units="screen", text=f"SLO {col} <= {bound:g} ms",
                                  text_color="#b00020", text_font_size="10pt"))
         self._suspects(fig, s, col)
-        fig.add_tools(HoverTool(renderers=renderers, tooltips=[
+        fig.add_tools(HoverTool(renderers=[points], tooltips=[
             ("config", "@label"), ("id", "@config"), ("load", "@x"), ("median", "@y{0.[000]}"),
             ("repeats", "@n"), ("interval", "@interval")]))
         fig.legend.click_policy = "hide"
