@@ -248,6 +248,7 @@ class CurvesPage(pn.viewable.Viewer):
         pos = s.loads[s.loads > 0]
         log_x = len(pos) == len(s.loads) and len(pos) > 1 and pos.max() / pos.min() >= 8
         fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log" if log_x else "linear",
+                     y_axis_type="linear" if col == THROUGHPUT else "log",  # latencies span decades near saturation
                      title=f"{word} vs {KINDS[s.kind].split(' (')[0]}", x_axis_label=KINDS[s.kind],
                      y_axis_label=axis_label(col), tools="pan,wheel_zoom,box_zoom,reset,save")
         lines: dict[str, list[Any]] = {"xs": [], "ys": [], "config": [], "label": [], "color": []}
