@@ -130,20 +130,7 @@ class CurvesPage(pn.viewable.Viewer):
                              pn.indicators.LoadingSpinner(value=True, size=30)]
         folder, v, dmode = self.folder, state.version(self.folder), self.drift_mode
         fut = state.background(("curves", str(folder), v, dmode), lambda: _compute(folder, dmode))
-        doc = pn.state.curdoc
-        on_result(fut, lambda f: self._in_session(doc, f))
-
-    def _in_session(self, doc: Any, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
-        """:meth:`_done` with the session's document as Panel's current one: a next-tick callback runs
-        without it, and the models built then pointed their stylesheets at Panel's CDN (unreachable
-        offline: the browser logged a failed load per widget kind)."""
-        if doc is None or pn.state.curdoc is doc:
-            self._done(fut)
-            return
-        from panel.io.state import set_curdoc
-
-        with set_curdoc(doc):
-            self._done(fut)
+        on_result(fut, self._done)
 
     def _done(self, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
         try:
