@@ -161,3 +161,40 @@ def test_single_repeat_says_so_and_p50_moves_the_slo_to_a_note(server: Server, b
         assert tab.errors == [], tab.errors
     finally:
         tab.close()
+
+
+def test_drift_suspect_trials_are_left_out_of_the_curves_and_drawn_apart(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """No browser: the page built in a Bokeh document (as a session's first request builds it) on a
+    planted drift with ``?drift=apart``; the suspect trials are in no median and drawn on their own."""
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    from analysis.curves import curves
+    from analysis.synthetic import planted
+
+    ds, _ = planted(n_configs=7, params=["max_num_seqs"], design="grid", repeats=3, load_levels=LEVELS,
+                    fail_rate_base=0.0, fail_rate_region=0.0, baseline_every=20, drift_at=0.6, drift_size=-0.3, seed=1)
+    write_dataset(ds, tmp_path / "drifted", "drifted")
+    monkeypatch.setenv("SERVETUNE_RESULTS_ROOT", str(tmp_path))
+    from dashboards.app import App
+    from dashboards.app.marks import drift_marks
+
+    marks = drift_marks(tmp_path / "drifted")
+    assert marks.checked and marks.suspect, "the planted drift must mark trials for this test to mean anything"
+    doc = Document()
+    with set_curdoc(doc):
+        app = App({"page": "curves", "experiment": "drifted", "drift": "apart"}, live=False)
+        app.template().server_doc(doc)
+    sources = {m.name: m for m in doc.models if getattr(m, "name", None)}
+    apart = sources["suspect|output_throughput"]
+    assert len(apart.data["x"]) > 0 and set(apart.data["config"]) <= set(ds["config_id"].values.tolist())
+    df = ds.sweep.table()
+    clean = curves(df[~df["trial_id"].isin(marks.suspect)], ["output_throughput"])
+    lines = sources["lines|0|output_throughput"]
+    for cid, ys in zip(lines.data["config"], lines.data["ys"]):
+        i = clean[0].config_ids.index(cid)
+        want = clean[0].medians["output_throughput"][i]
+        assert np.allclose(ys, want[np.isfinite(want)]), cid
+    banner = app.current.drift.objects[0].object  # the banner of dashboards.app.marks, with its count
+    assert f"data-suspect='{len(marks.suspect)}'" in banner and "drawn apart" in banner, banner
