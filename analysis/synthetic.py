@@ -13,7 +13,12 @@ backend, and the attribute ``synthetic`` is 1 so it can never pass for a real ru
   ``fail_rate_base``; rare ``transport`` failures anywhere (not a property of the config);
 - no-effect parameters (``enable_prefix_caching``, ``enforce_eager``, ``dtype``, ``seed``,
   ``kv_cache_dtype``, ``max_model_len``, ``tensor_parallel_size``);
-- optional baseline re-runs and a planted drift (a step change after a fraction of the run).
+- optional baseline re-runs and a planted drift (a step change after a fraction of the run);
+- optional load levels (``load_levels=``: load point -> ``("rate", req/s)`` or ``("concurrency", N)``),
+  for metric-vs-load curves: output throughput saturates at a planted knee
+  (:meth:`Truth.saturation`): open loop, throughput = min(rate x 128 tokens, the config's planted
+  capacity ``exp(log_throughput)``); closed loop, capacity x min(N, max_num_seqs) / max_num_seqs; latencies
+  grow as the load nears (and passes) saturation. Load points not named there keep the default model.
 
 ``effects=``, ``interaction=`` and ``interaction_size=`` plant another surface (e.g. a +3% effect of
 ``enable_prefix_caching``: ``effects={**EFFECTS, "enable_prefix_caching": math.log(1.03)}``); the
@@ -56,6 +61,8 @@ INTERACTION_SIZE = -0.45
 NULL_PARAMS = ("enable_prefix_caching", "enforce_eager", "dtype", "seed", "kv_cache_dtype", "max_model_len",
                "tensor_parallel_size")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
+OUTPUT_LEN = 128.0  # tokens per request (input and output) of every synthetic load point
+LOAD_KINDS = ("rate", "concurrency")
 
 
 @dataclass
@@ -76,6 +83,14 @@ class Truth:
     def log_throughput(self, cfg: dict[str, Any]) -> float:
         """The planted noise-free log output throughput of ``cfg`` on this truth's surface."""
         return log_throughput(cfg, self.effects, self.interaction, self.interaction_size)
+
+    def saturation(self, cfg: dict[str, Any], kind: str) -> float:
+        """Where the planted throughput of ``cfg`` stops growing with load (``load_levels=``): the
+        request rate (req/s) that meets its capacity for ``kind`` "rate", its ``max_num_seqs`` for
+        "concurrency"."""
+        if kind == "rate":
+            return math.exp(self.log_throughput(cfg)) / OUTPUT_LEN
+        return float(cfg.get("max_num_seqs", 16))
 
     def in_failure_region(self, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("gpu_memory_utilization", 0.9) >= 0.95 and cfg.get("max_num_seqs", 16) >= 128)
@@ -158,6 +173,7 @@ def planted(
     effects: dict[str, float] | None = None,
     interaction: tuple[str, str] | None = INTERACTION,
     interaction_size: float = INTERACTION_SIZE,
+    load_levels: dict[str, tuple[str, float]] | None = None,
 ) -> tuple[xr.Dataset, Truth]:
     """A synthetic experiment (one row per trial, :mod:`servetune.schema`'s shape) and its truth.
 
@@ -166,7 +182,9 @@ def planted(
     every that many configs; ``drift_at`` (0..1 of the run) plants a step of ``drift_size`` (log
     scale) on everything measured after it. ``effects`` / ``interaction`` / ``interaction_size``
     choose the planted surface (defaults: :data:`EFFECTS`, :data:`INTERACTION`,
-    :data:`INTERACTION_SIZE`).
+    :data:`INTERACTION_SIZE`). ``load_levels`` gives load points a request rate or a concurrency
+    and the saturating load model of the module docstring (its names are added to ``load_points``;
+    the default ``("lp",)`` gives way to them).
     """
     if not 1 <= n_params <= len(LEVELS):
         raise ValueError(f"n_params must be 1..{len(LEVELS)}, got {n_params}")
@@ -175,6 +193,12 @@ def planted(
     unknown = sorted(set(effects) - set(LEVELS))
     if unknown:
         raise ValueError(f"unknown effect parameters {unknown}; known: {', '.join(LEVELS)}")
+    levels = dict(load_levels or {})
+    for lp_name, (kind, value) in levels.items():
+        if kind not in LOAD_KINDS or not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"load_levels[{lp_name!r}] = {(kind, value)!r}: want (one of {LOAD_KINDS}, a number > 0)")
+    if levels:  # the default single load point gives way to the levels; named ones are kept beside them
+        load_points = list(levels) if tuple(load_points) == ("lp",) else list(dict.fromkeys([*load_points, *levels]))
     names = list(params) if params is not None else list(LEVELS)[:n_params]
     configs = _configs(design, names, n_configs, rng, seed)
     baseline_cfg = {n: LEVELS[n][len(LEVELS[n]) // 2] for n in names}
@@ -202,7 +226,8 @@ def planted(
     n_total = len(order)
     for i, (cfg, lp, rep, bl_run, hw) in enumerate(order):
         lp_index = list(load_points).index(lp)
-        y = log_throughput(cfg, effects, interaction, interaction_size) - 0.3 * lp_index + rng.normal(0, noise)
+        shift = 0.0 if lp in levels else 0.3 * lp_index
+        y = log_throughput(cfg, effects, interaction, interaction_size) - shift + rng.normal(0, noise)
         drifted = drift_at is not None and i >= drift_at * n_total
         if drifted:
             y += drift_size
@@ -213,7 +238,8 @@ def planted(
             status, kind, error = "failed", "transport", "daemon lost (synthetic)"
         elif rng.random() < p_fail and bl_run < 0:
             status, kind, error = "failed", "measurement", "CUDA out of memory (synthetic)"
-        rows.append(_row(i, cfg, lp, rep, bl_run, hw, y, status, kind, error, t0 + i * 60_000_000, rng, noise))
+        rows.append(_row(i, cfg, lp, rep, bl_run, hw, y, status, kind, error, t0 + i * 60_000_000, rng, noise,
+                         levels.get(lp)))
     planted_pair = interaction if interaction is not None and all(n in names for n in interaction) else None
     acting = {n for n, v in effects.items() if v != 0} | (set(planted_pair) if planted_pair else set())
     truth = Truth(
@@ -236,21 +262,36 @@ def _in_region(cfg: dict[str, Any]) -> bool:
 
 
 def _row(i: int, cfg: dict[str, Any], lp: str, rep: int, bl_run: int, hw: str, y: float, status: str, kind: str,
-         error: str, started_at: int, rng: np.random.Generator, noise: float) -> dict[str, Any]:
+         error: str, started_at: int, rng: np.random.Generator, noise: float,
+         level: tuple[str, float] | None = None) -> dict[str, Any]:
     ok = status == "ok"
     out_tp = math.exp(y) if ok else math.nan
     mns = float(cfg.get("max_num_seqs", 16))
-    conc = 32.0
+    conc, rate, arrival = 32.0, math.nan, "closed-loop"
     ttft50 = 40.0 * math.exp(0.6 * _z("max_num_seqs", cfg.get("max_num_seqs", 16))
                              - 0.4 * _z("max_num_batched_tokens", cfg.get("max_num_batched_tokens", 2048))
                              + rng.normal(0, noise))
     tpot50 = 8.0 * math.exp(0.5 * _z("max_num_seqs", cfg.get("max_num_seqs", 16)) + rng.normal(0, noise))
+    if level is not None:  # the saturating load model (module docstring): y is the capacity, noise included
+        kind, load = level
+        if kind == "rate":
+            rate, conc, arrival = float(load), math.nan, "poisson"
+            rho = load * OUTPUT_LEN / math.exp(y)  # below capacity it serves the offered rate, measured with noise
+            out_tp = (load * OUTPUT_LEN * math.exp(rng.normal(0, noise / 2)) if rho < 1.0 else math.exp(y)) if ok else math.nan
+            queue = 1.0 + rho / max(0.05, 1.0 - rho) if rho < 1.0 else 1.0 + 20.0 * rho
+        else:
+            conc = float(load)
+            rho = load / mns
+            out_tp = min(1.0, rho) * math.exp(y) if ok else math.nan
+            queue = max(1.0, rho)
+        ttft50 *= queue
+        tpot50 *= 1.0 + 0.3 * min(1.0, rho)
     spread = np.array([1.0, 1.6, 1.9, 2.6])
     q = {"ttft_ms": ttft50 * spread, "tpot_ms": tpot50 * np.array([1.0, 1.2, 1.3, 1.5]),
          "itl_ms": tpot50 * np.array([1.0, 1.4, 1.6, 2.2])}
-    q["e2el_ms"] = q["ttft_ms"] + 128 * q["tpot_ms"]
-    req_tp = out_tp / 128.0
-    slo_att = 1.0 / (1.0 + math.exp((q["ttft_ms"][3] - 200.0) / 30.0)) if ok else math.nan
+    q["e2el_ms"] = q["ttft_ms"] + OUTPUT_LEN * q["tpot_ms"]
+    req_tp = out_tp / OUTPUT_LEN
+    slo_att = 1.0 / (1.0 + math.exp(min(700.0, (q["ttft_ms"][3] - 200.0) / 30.0))) if ok else math.nan
     scalars = {v: math.nan for v in SCALAR_VARIABLES}
     if ok:
         scalars.update(
@@ -258,7 +299,7 @@ def _row(i: int, cfg: dict[str, Any], lp: str, rep: int, bl_run: int, hw: str, y
             request_goodput=req_tp * slo_att, n_requests=200.0, n_completed=200.0, n_errors=0.0, n_cancelled=0.0,
             duration_s=200.0 / req_tp, total_input_tokens=200.0 * 128, total_output_tokens=200.0 * 128,
             slo_attainment=slo_att, slos_met=1.0 if q["ttft_ms"][3] <= 200.0 else 0.0, achieved_rate=req_tp,
-            offered_rate=math.nan, sched_lag_p99_ms=0.5, mean_ttft_ms=ttft50 * 1.2, mean_tpot_ms=tpot50 * 1.05,
+            offered_rate=rate, sched_lag_p99_ms=0.5, mean_ttft_ms=ttft50 * 1.2, mean_tpot_ms=tpot50 * 1.05,
             mean_itl_ms=tpot50 * 1.1, mean_e2el_ms=float(q["e2el_ms"][0]) * 1.1,
             server_max_running=min(mns, conc), server_max_kv_cache_usage=min(1.0, mns / 256),
         )
@@ -267,9 +308,9 @@ def _row(i: int, cfg: dict[str, Any], lp: str, rep: int, bl_run: int, hw: str, y
         "experiment": "planted", "load_point": lp, "repeat": rep, "status": status, "failure_kind": kind,
         "error": error, "is_baseline": bl_run >= 0, "baseline_run": bl_run, "started_at": started_at,
         "hardware_class": hw, "backend": "synthetic", "spec_hash": "synthetic", "in_current_spec": True,
-        "stopped_early": "", "client_fell_behind": False, "request_rate": math.nan, "max_concurrency": conc,
+        "stopped_early": "", "client_fell_behind": False, "request_rate": rate, "max_concurrency": conc,
         "input_len": 128.0, "output_len": 128.0, "config_label": " ".join(f"{k}={v}" for k, v in cfg.items()),
-        "dataset": "random", "dataset_sha256": "", "endpoint": "completions", "arrival": "closed-loop",
+        "dataset": "random", "dataset_sha256": "", "endpoint": "completions", "arrival": arrival,
         "burstiness": 1.0, "params": cfg, "scalars": scalars,
         "quantiles": {v: (q[v].tolist() if ok else [math.nan] * 4) for v in QUANTILE_VARIABLES},
     }

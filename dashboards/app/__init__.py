@@ -37,6 +37,7 @@ PAGES: dict[str, str] = {
     "decision": "Decision: what to deploy",
     "experiments": "Experiments & live status",
     "pareto": "Pareto explorer",
+    "curves": "Load curves",
     "parameters": "Parameters",
     "compare": "Compare",
     "inspector": "Trial inspector",
@@ -158,6 +159,7 @@ class App:
 
         modules = {"decision": decision, "experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
                    "inspector": inspector, "ranking": ranking, "drift": drift}
+        modules["curves"] = __import__("dashboards.app.curves", fromlist=["view"])
         ctx = self._context()
         page = self.nav.value
         from dashboards.app.marks import synthetic_html
