@@ -258,6 +258,7 @@ class Page:
 #: it has loaded, and the experiment it is shot on (``test-artifacts/dashboard-PAGE-EXPERIMENT.png``)
 PAGES = {
     "decision": (".st-decision", "planted"),
+    "curves": (".st-series, .st-curves-empty", "e2e"),
     "experiments": (".st-experiments", "e2e"),
     "pareto": (".st-pareto-summary", "e2e"),
     "parameters": (".st-progress-text, .st-section-done", "planted"),
