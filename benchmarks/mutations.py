@@ -311,8 +311,8 @@ def failed_tests(output: str) -> tuple[str, ...]:
     for line in output.splitlines():
         for mark in ("FAILED ", "ERROR "):
             if line.startswith(mark):
-                out.append(line[len(mark):].split(" - ")[0].strip())
-    return tuple(dict.fromkeys(out))
+                out.append(line[len(mark):].split()[0] if line[len(mark):].split() else "")
+    return tuple(dict.fromkeys(t for t in out if t))
 
 
 def run_tests(root: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:

@@ -29,3 +29,5 @@ def test_the_report_names_the_failing_tests() -> None:
            "ERROR tests/test_b.py::test_y\n!!! stopping after 1 failures !!!\n1 failed, 4 passed in 2.0s\n")
     assert failed_tests(out) == ("tests/test_a.py::test_x[1]", "tests/test_b.py::test_y")
     assert failed_tests("5 passed in 1.0s") == ()
+    assert failed_tests("FAILED tests/test_a.py::test_x | !!! stopping | 1 failed\nFAILED tests/test_a.py::test_x\n") \
+        == ("tests/test_a.py::test_x",)
