@@ -213,6 +213,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_analysis_ranking.py",),
     ),
     Mutation(
+        "interaction-forest-bands-silent", "a planted pair's interval from the forest (too few configs for the "
+        "regression) says it can miss a real interaction",
+        "analysis/interactions.py",
+        '            if len(h_boot):\n                pair_notes.warn("forest_bands",',
+        '            if False:\n                pair_notes.warn("forest_bands",',
+        ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
+    ),
+    Mutation(
         "knee-unnormalised", "the knee score is in units of the ideal corner's distance from the chord (1 = ideal)",
         "analysis/ranking.py",
         "    chord = np.array((u - ua) * nx + (v - va) * ny, dtype=float) / h\n",
