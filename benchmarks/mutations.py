@@ -180,7 +180,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "analysis/surrogate.py",
         "    r2 = grouped_r2(sur)\n    if not math.isfinite(r2) or r2 < POOR_FIT_R2:\n",
         "    r2 = sur.oob_r2\n    if not math.isfinite(r2) or r2 < POOR_FIT_R2:\n",
-        ("tests/test_analysis_importance.py",),
+        ("tests/test_analysis_poor_fit.py", "tests/test_analysis_importance.py"),
     ),
     Mutation(
         "clustered-pooled-rate", "clustered fires only when every plausible reading of the regions contradicts "
