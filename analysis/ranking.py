@@ -28,11 +28,17 @@ them). The tiers, which failure kinds count and the SLO gate are one rule, :func
 ``knee``
     the knee of the front of the objective against a latency (``latency``, default the first SLO's
     column, else ``ttft_ms_p99``). Both axes are normalised to 0..1 over the group's configs (1 =
-    best); the line through the front's two extremes (the best-objective point and the
-    best-latency point) is drawn, and a config's score is its signed distance from that line, positive
-    toward the ideal corner. The knee is the config of largest score; it is always on the front, and a
-    dominated config always scores below the config dominating it. When one config is best on both
-    axes it is the knee and scores are distances along the diagonal.
+    best); the chord through the front's two extremes (the best-objective point and the
+    best-latency point) is drawn, and a config's score is its signed distance from that chord in
+    units of the ideal corner's distance from it: 1 at the ideal corner (best on both axes), 0 on
+    the chord, negative below it. The knee is the config of largest score; it is always on the
+    front, and a dominated config always scores below the config dominating it. Handled explicitly,
+    each saying so in its row's ``note``: the two extremes lie on the chord and score 0 by
+    construction; where no config lies above the chord (a front of 2 points, or one that sags
+    toward the worst corner) the front has no knee, and of the configs tied at the top score the
+    one nearer the ideal corner (Euclidean, normalised axes) ranks first, never the config id; a
+    front of 1 point (one config best on both axes) is the knee and scores 1, the others
+    ``(u + v) / 2`` (their mean normalised value; the chord is a point there).
 ``weighted``
     ``sum(w * u) / sum(w)`` where ``u`` is each metric's median normalised to 0..1 over the group's
     configs with 1 the best (direction from :func:`analysis.frame.metric_sense`); ``weights`` maps
@@ -88,7 +94,8 @@ class RankedRow:
     NaN bounds with a single repeat or without a bootstrap, all NaN without a usable trial);
     ``slos_met`` whether the medians meet every SLO (None without SLOs or data); ``p_best`` the
     fraction of bootstrap resamples in which it ranked #1 (None without a bootstrap); ``values`` the
-    medians of the metrics the policy used.
+    medians of the metrics the policy used; ``note`` what the policy says about this row's score
+    where it needs a word (the ``knee`` policy's extremes and fronts of 1 or 2 points), else "".
     """
 
     rank: int
@@ -104,6 +111,7 @@ class RankedRow:
     values: dict[str, float]
     n_lost: int = 0
     n_failover: int = 0
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,9 @@ ScoreFn = Callable[[np.ndarray], np.ndarray]
 class _Plan:
     """What a policy needs: the metric columns whose per-config medians it reads (the first ones are
     the score's), a score function of the medians (``... x C x m`` -> ``... x C``, higher better),
-    the SLO gate (column index, max) and the score's name and sense for display."""
+    the SLO gate (column index, max) and the score's name and sense for display. ``tiebreak``
+    (same shape as the score, higher first) orders configs tied on the score before the config id
+    does; ``notes`` maps the point medians (``C x m``) to one note per config."""
 
     columns: list[str]
     score: ScoreFn
@@ -160,6 +170,8 @@ class _Plan:
     sense: int
     derived: dict[str, Callable[[pd.DataFrame], np.ndarray]] = field(default_factory=dict)
     needs_price: bool = False
+    tiebreak: ScoreFn | None = None
+    notes: Callable[[np.ndarray], list[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -275,16 +287,26 @@ def _plan_knee(req: _Request) -> _Plan:
         raise AnalysisInputError(f"the knee needs two different metrics, got {latency!r} twice")
     cols, gate = _with_slos(req, [req.objective, latency], gate=False)
 
+    def axes(med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _normalise(med[..., 0], s_obj), _normalise(med[..., 1], s_lat)
+
     def score(med: np.ndarray) -> np.ndarray:
-        u = _normalise(med[..., 0], s_obj)
-        v = _normalise(med[..., 1], s_lat)
-        return _knee_distance(u, v)
-    return _Plan(cols, score, gate, f"distance above the front's chord ({req.objective} vs {latency}, normalised)", 1)
+        return _knee_distance(*axes(med))
+
+    def nearer_ideal(med: np.ndarray) -> np.ndarray:
+        u, v = axes(med)
+        return np.asarray(-np.hypot(1.0 - u, 1.0 - v), dtype=float)
+
+    def notes(med: np.ndarray) -> list[str]:
+        return _knee_notes(*axes(med), req.objective, latency)
+    return _Plan(cols, score, gate, f"distance above the front's chord ({req.objective} vs {latency}, "
+                 "normalised: 1 = the ideal corner, 0 = the chord)", 1, tiebreak=nearer_ideal, notes=notes)
 
 
-def _knee_distance(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Signed distance of every point (last axis) from the line through the best-``u`` point (ties:
-    best ``v``) and the best-``v`` point (ties: best ``u``), positive toward (1, 1)."""
+def _knee_geometry(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The front's extremes ``a`` (best ``u``, ties: best ``v``) and ``b`` (best ``v``, ties: best
+    ``u``) over the last axis, the chord's unit normal ``(nx, ny)`` toward (1, 1), the ideal
+    corner's distance ``h`` from the chord and whether the chord is a point (``a`` best on both)."""
     a = _lex_argmax(u, v)
     b = _lex_argmax(v, u)
     ua = np.take_along_axis(u, a[..., None], axis=-1)
@@ -293,10 +315,44 @@ def _knee_distance(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     vb = np.take_along_axis(v, b[..., None], axis=-1)
     nx, ny = vb - va, ua - ub  # normal of the chord a -> b, pointing toward the ideal corner
     norm = np.hypot(nx, ny)
-    degenerate = ~(norm > 0)
-    nx = np.where(degenerate, 1.0, nx) / np.where(degenerate, math.sqrt(2.0), norm)
-    ny = np.where(degenerate, 1.0, ny) / np.where(degenerate, math.sqrt(2.0), norm)
-    return np.asarray((u - ua) * nx + (v - va) * ny, dtype=float)
+    point = ~(norm > 0)
+    nx = np.where(point, 0.0, nx) / np.where(point, 1.0, norm)
+    ny = np.where(point, 0.0, ny) / np.where(point, 1.0, norm)
+    h = (1.0 - ua) * nx + (1.0 - va) * ny  # > 0 off a point chord: a has u = 1 and v < 1
+    point = point | ~(h > 0)
+    return a, b, ua, va, nx, ny, np.where(point, 1.0, h), point
+
+
+def _knee_distance(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Every point's (last axis) signed distance from the chord through the front's extremes, in
+    units of the ideal corner's distance from it (1 at (1, 1), 0 on the chord, negative below);
+    where one point is best on both axes (the chord is a point), ``(u + v) / 2`` (1 for it)."""
+    a, b, ua, va, nx, ny, h, point = _knee_geometry(u, v)
+    chord = np.array((u - ua) * nx + (v - va) * ny, dtype=float) / h
+    for end in (a, b):  # exactly 0, so two extremes tie and the tie-break, not rounding, orders them
+        np.put_along_axis(chord, end[..., None], 0.0, axis=-1)
+    return np.asarray(np.where(point, (u + v) / 2.0, chord), dtype=float)
+
+
+def _knee_notes(u: np.ndarray, v: np.ndarray, objective: str, latency: str) -> list[str]:
+    """One note per config (1-D ``u``, ``v``) for the rows whose knee score needs a word."""
+    out = [""] * len(u)
+    if not np.isfinite(u).any():
+        return out
+    a, b, _, _, _, _, _, point = (np.asarray(x).reshape(-1) for x in _knee_geometry(u, v))
+    ia, ib = int(a[0]), int(b[0])
+    if bool(point[0]):
+        out[ia] = (f"best on both {objective} and {latency}: the front is this one config, so it is the knee "
+                   "(score 1, the ideal corner); the others score their mean normalised value")
+        return out
+    score = _knee_distance(u, v)
+    knee = bool(np.nanmax(score) > 1e-12)
+    for i, what in ((ia, f"best {objective}"), (ib, f"best {latency}")):
+        out[i] = f"an extreme of the front ({what}): on the chord by construction, so its score is 0"
+        if not knee:
+            out[i] += ("; no config lies above the chord (a front of 2 points, or one that sags), so the front "
+                       "has no knee and the extreme nearer the ideal corner ranks first")
+    return out
 
 
 def _lex_argmax(first: np.ndarray, then: np.ndarray) -> np.ndarray:
@@ -396,18 +452,25 @@ def _lost_counts(df: pd.DataFrame, by: Sequence[str]) -> dict[tuple[str, ...], d
     return out
 
 
-def _order(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """Indices sorted by (tier, -score, index) for 1-D inputs (configs already sorted by id)."""
-    s = np.where(np.isfinite(score), score, -np.inf)
-    return np.lexsort((np.arange(len(tier)), -s, tier))
+def _finite(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(x), x, -np.inf)
 
 
-def _best(tier: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """Per resample (rows of ``B x C``), the index of #1: lowest tier, then highest score, then index."""
-    s = np.where(np.isfinite(score), score, -np.inf)
+def _order(tier: np.ndarray, score: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
+    """Indices sorted by (tier, -score, -tiebreak, index) for 1-D inputs (configs already sorted by id)."""
+    tb = np.zeros(len(tier)) if tiebreak is None else _finite(tiebreak)
+    return np.lexsort((np.arange(len(tier)), -tb, -_finite(score), tier))
+
+
+def _best(tier: np.ndarray, score: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
+    """Per resample (rows of ``B x C``), the index of #1: lowest tier, then highest score, then
+    highest ``tiebreak``, then index."""
     t = tier.min(axis=1, keepdims=True)
-    s = np.where(tier == t, s, -np.inf)
-    return np.asarray(np.argmax(s, axis=1))
+    s = np.where(tier == t, _finite(score), -np.inf)
+    if tiebreak is None:
+        return np.asarray(np.argmax(s, axis=1))
+    top = s.max(axis=1, keepdims=True)
+    return np.asarray(np.argmax(np.where((s == top) & (tier == t), _finite(tiebreak), -np.inf), axis=1))
 
 
 def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None = None,
@@ -530,14 +593,17 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int, top: int | 
     lost = np.zeros(len(has), dtype=np.int64) if n_lost is None else n_lost
     failing = (g.n_failed - lost) > 0
     tier = _tiers(g.medians, has, plan.gate, failing)
-    order = _order(tier, score)
-    boot_score = boot_tier = None
+    tb = None if plan.tiebreak is None else np.where(has, plan.tiebreak(g.medians), np.nan)
+    order = _order(tier, score, tb)
+    notes = plan.notes(np.where(has[:, None], g.medians, np.nan)) if plan.notes is not None else None
+    boot_score = boot_tier = boot_tb = None
     p_best = np.full(len(has), np.nan)
     if n_boot > 0 and has.any():
         med = bootstrap_medians(g, n_boot, seed)
         boot_score = np.where(has[None, :], plan.score(med) * sense, np.nan)
         boot_tier = _tiers(med, np.broadcast_to(has, boot_score.shape), plan.gate, failing)
-        best = _best(boot_tier, boot_score)
+        boot_tb = None if plan.tiebreak is None else np.where(has[None, :], plan.tiebreak(med), np.nan)
+        best = _best(boot_tier, boot_score, boot_tb)
         p_best = np.bincount(best, minlength=len(has)) / n_boot
     single = has & (g.counts == 1)
     rows: list[RankedRow] = []
@@ -554,14 +620,15 @@ def _rank_group(g: ConfigGroup, plan: _Plan, n_boot: int, seed: int, top: int | 
             rank=r, config_id=str(g.config_ids[c]), label=g.labels[c], score=iv, n_ok=int(g.n_ok[c]),
             n_failed=int(g.n_failed[c]), n_holes=int(g.n_holes[c]), n_repeats=int(g.counts[c]), slos_met=met,
             p_best=None if boot_score is None else float(p_best[c]),
-            values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}, n_lost=int(lost[c])))
-    group = _distinguish(g, plan, order, tier, score, boot_tier, boot_score, single, rows, n_boot)
+            values={col: float(g.medians[c, j]) for j, col in enumerate(plan.columns)}, n_lost=int(lost[c]),
+            note=notes[c] if notes is not None and has[c] else ""))
+    group = _distinguish(g, plan, order, tier, score, boot_tier, boot_score, single, rows, n_boot, boot_tb)
     return dataclasses.replace(group, n_ranked=len(order)), int(single.sum())
 
 
 def _distinguish(g: ConfigGroup, plan: _Plan, order: np.ndarray, tier: np.ndarray, score: np.ndarray,
                  boot_tier: np.ndarray | None, boot_score: np.ndarray | None, single: np.ndarray,
-                 rows: list[RankedRow], n_boot: int) -> RankedGroup:
+                 rows: list[RankedRow], n_boot: int, boot_tb: np.ndarray | None = None) -> RankedGroup:
     if not bool((tier != _NO_DATA).any()):
         return RankedGroup(g.key, rows, False, "no config has a usable trial in this group, so there is no #1")
     first = int(order[0])
@@ -584,7 +651,12 @@ def _distinguish(g: ConfigGroup, plan: _Plan, order: np.ndarray, tier: np.ndarra
     t1, t2 = boot_tier[:, first], boot_tier[:, second]
     s1 = np.where(np.isfinite(boot_score[:, first]), boot_score[:, first], -np.inf)
     s2 = np.where(np.isfinite(boot_score[:, second]), boot_score[:, second], -np.inf)
-    above = (t1 < t2) | ((t1 == t2) & ((s1 > s2) | ((s1 == s2) & (first < second))))
+    if boot_tb is None:
+        b1 = b2 = np.zeros(len(s1))
+    else:
+        b1, b2 = _finite(boot_tb[:, first]), _finite(boot_tb[:, second])
+    tied = (s1 == s2) & ((b1 > b2) | ((b1 == b2) & (first < second)))
+    above = (t1 < t2) | ((t1 == t2) & ((s1 > s2) | tied))
     p_order = float(above.mean())
     diff = (boot_score[:, first] - boot_score[:, second]) * plan.sense
     margin = percentile_interval(diff, estimate=float((score[first] - score[second]) * plan.sense), level=LEVEL)

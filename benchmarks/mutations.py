@@ -166,6 +166,82 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        rng = np.random.default_rng([self.seed, 1, 0])\n",
         ("tests/test_analysis_importance.py",),
     ),
+    Mutation(
+        "interval-not-around-estimate", "a stated interval is built around, and holds, its own estimate",
+        "analysis/common.py",
+        "    half = float(np.quantile(np.abs(arr - estimate), level))\n"
+        "    return Interval(float(estimate), max(lower, estimate - half), min(upper, estimate + half), level)\n",
+        "    lo, hi = np.quantile(arr, [(1 - level) / 2, 1 - (1 - level) / 2])\n"
+        "    return Interval(float(estimate), max(lower, float(lo)), min(upper, float(hi)), level)\n",
+        ("tests/test_analysis_coverage.py", "tests/test_analysis_effects.py"),
+    ),
+    Mutation(
+        "poor-fit-from-oob", "poor_fit reads R² held out by config, not the out-of-bag R² repeats inflate",
+        "analysis/surrogate.py",
+        "    r2 = grouped_r2(sur)\n    if not math.isfinite(r2) or r2 < POOR_FIT_R2:\n",
+        "    r2 = sur.oob_r2\n    if not math.isfinite(r2) or r2 < POOR_FIT_R2:\n",
+        ("tests/test_analysis_poor_fit.py", "tests/test_analysis_importance.py"),
+    ),
+    Mutation(
+        "clustered-pooled-rate", "clustered fires only when every plausible reading of the regions contradicts "
+        "independence (not against one pooled rate)",
+        "analysis/failure.py",
+        '    for name, cell in [("pooled", np.zeros(n_all, dtype=np.int64)), *partitions]:\n',
+        '    for name, cell in [("pooled", np.zeros(n_all, dtype=np.int64))]:\n',
+        ("tests/test_analysis_failure.py",),
+    ),
+    Mutation(
+        "model-misfit-never-fires", "model_misfit flags a region the failure model misses",
+        "analysis/failure.py",
+        "    missed = [r for r, (e, v) in tested if v > 0 and (abs(r.failures - e) - 0.5) / math.sqrt(v) > crit]\n",
+        "    missed: list[Any] = []\n",
+        ("tests/test_analysis_failure.py",),
+    ),
+    Mutation(
+        "analysis-rank-blames-transport", "analysis.rank never holds a trial lost to the daemon against its config",
+        "analysis/ranking.py",
+        "    lost = np.zeros(len(has), dtype=np.int64) if n_lost is None else n_lost\n",
+        "    lost = np.zeros(len(has), dtype=np.int64)\n",
+        ("tests/test_ranking.py", "tests/test_analysis_ranking.py"),
+    ),
+    Mutation(
+        "analysis-rank-part-failing-not-last", "a config that fails some trials by its own fault ranks after every "
+        "reliable config of its tier",
+        "analysis/ranking.py",
+        "    failing = (g.n_failed - lost) > 0\n",
+        "    failing = np.zeros(len(has), dtype=bool)\n",
+        ("tests/test_analysis_ranking.py",),
+    ),
+    Mutation(
+        "interaction-forest-bands-silent", "a planted pair's interval from the forest (too few configs for the "
+        "regression) says it can miss a real interaction",
+        "analysis/interactions.py",
+        '            if len(h_boot):\n                pair_notes.warn("forest_bands",',
+        '            if False:\n                pair_notes.warn("forest_bands",',
+        ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
+    ),
+    Mutation(
+        "knee-unnormalised", "the knee score is in units of the ideal corner's distance from the chord (1 = ideal)",
+        "analysis/ranking.py",
+        "    chord = np.array((u - ua) * nx + (v - va) * ny, dtype=float) / h\n",
+        "    chord = np.array((u - ua) * nx + (v - va) * ny, dtype=float)\n",
+        ("tests/test_ranking_knee.py",),
+    ),
+    Mutation(
+        "knee-one-point-front-scores-0", "a one-point front's knee scores 1 (the ideal corner), not 0",
+        "analysis/ranking.py",
+        "    return np.asarray(np.where(point, (u + v) / 2.0, chord), dtype=float)\n",
+        "    return np.asarray(np.where(point, (u + v) / 2.0 - 1.0, chord), dtype=float)\n",
+        ("tests/test_ranking_knee.py",),
+    ),
+    Mutation(
+        "knee-ties-by-config-id", "on a front without a knee the extreme nearer the ideal corner wins, not the "
+        "lower config id",
+        "analysis/ranking.py",
+        "tiebreak=nearer_ideal, notes=notes)",
+        "tiebreak=None, notes=notes)",
+        ("tests/test_ranking_knee.py",),
+    ),
     # ---------------------------------------------------------------- the client self-check
     Mutation(
         "client-vs-nominal-rate", "the client is judged against the rate its schedule asked for, not the nominal",
@@ -221,6 +297,7 @@ class Outcome:
     status: str  # killed / SURVIVED / error
     detail: str
     seconds: float
+    killed_by: tuple[str, ...] = ()  # the failing tests pytest named (it stops at the first: -x)
 
 
 def copy_tree(dest: Path) -> None:
@@ -236,16 +313,28 @@ def copy_tree(dest: Path) -> None:
         shutil.copy2(src, target)
 
 
+def failed_tests(output: str) -> tuple[str, ...]:
+    """The node ids of pytest's ``FAILED`` / ``ERROR`` summary lines in ``output``."""
+    out = []
+    for line in output.splitlines():
+        for mark in ("FAILED ", "ERROR "):
+            if line.startswith(mark):
+                out.append(line[len(mark):].split()[0] if line[len(mark):].split() else "")
+    return tuple(dict.fromkeys(t for t in out if t))
+
+
 def run_tests(root: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
-    """pytest's exit code (None on timeout) and the tail of its output."""
+    """pytest's exit code (None on timeout) and its output's ``FAILED`` lines plus its last lines."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "pytest", "-m", "not vllm", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return None, f"over {timeout_s:.0f} s"
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-    return proc.returncode, " | ".join(lines[-3:])[-400:]
+    text = proc.stdout + proc.stderr
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    failed = "".join(f"FAILED {t}\n" for t in failed_tests(text))
+    return proc.returncode, failed + " | ".join(lines[-3:])[-400:]
 
 
 def check(root: Path, m: Mutation, timeout_s: float) -> Outcome:
@@ -270,7 +359,7 @@ def check(root: Path, m: Mutation, timeout_s: float) -> Outcome:
     if code == 0:
         return Outcome(m.id, "SURVIVED", f"every test passed: {tail}", took)
     if code == 1:
-        return Outcome(m.id, "killed", tail, took)
+        return Outcome(m.id, "killed", tail.splitlines()[-1], took, failed_tests(tail))
     return Outcome(m.id, "error", f"tests did not run (pytest exit {code}): {tail}", took)
 
 
@@ -306,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in chosen:
             outcome = check(root, m, args.timeout)
             outcomes.append(outcome)
-            print(f"{outcome.status:9} {m.id:42} {outcome.seconds:6.1f} s  {outcome.detail}", flush=True)
+            by = f"  by {', '.join(outcome.killed_by)}" if outcome.killed_by else ""
+            print(f"{outcome.status:9} {m.id:42} {outcome.seconds:6.1f} s{by}  {outcome.detail}", flush=True)
     survived = [o.id for o in outcomes if o.status == "SURVIVED"]
     errors = [o.id for o in outcomes if o.status == "error"]
     print(f"\n{len(outcomes) - len(survived) - len(errors)} killed, {len(survived)} survived"
