@@ -640,7 +640,7 @@ class SweepRunner:
         if clocks is not None and core is not None and core.knows(daemon_id, msg.session_nonce) \
                 and core.key_of(daemon_id) == key:
             self._clock_report(endpoint, clocks.reply(daemon_id, msg))
-            self._clock_report(endpoint, clocks.step(core.daemons))  # its next probe, at once
+            self._clock_report(endpoint, clocks.step_one(daemon_id))  # its next probe, at once
         return True
 
     def _clock_report(self, endpoint: RouterEndpoint, step: ClockStep) -> None:
