@@ -224,7 +224,7 @@ def write_section(path: Path, result: dict[str, Any]) -> None:
         "the real daemon's reconnect after 3 silent intervals.",
         "- Completions/s: ACKs per second between the 10th and 90th percentile ACK times seen by the fake "
         "daemons. Grant latency: the READY a GRANT answers (its seq) -> GRANT received. Heartbeat round trip: "
-        "HEARTBEAT -> its RENEWED. CPU: `/proc` utime + stime over the same span, of the coordinator and its child processes. RSS peak: the coordinator's VmHWM (its results.nc writer's is given apart, under the tables). "
+        "HEARTBEAT -> its RENEWED. CPU: `/proc` utime + stime over the same span, of the coordinator and its child processes. RSS peak: the coordinator's VmHWM; with its results.nc writer child(ren): their VmRSS read together every 0.1 s (peak of the sum), and the sum of their peaks (VmHWM; a bound whether or not the peaks coincided), in the targets table. "
         "fsync: 50 writes of a 3 KB file in the results root just before the run. Other processes: the machine's "
         "busy CPU (`/proc/stat`) minus the coordinator's and the fleet's, in cores (the benchmark's own script, "
         "which tails the coordinator's log on the client core, counts here).",
