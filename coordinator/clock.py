@@ -212,27 +212,42 @@ class ClockSchedule:
         ``connected``: the daemons with a live session (others are forgotten)."""
         out = ClockStep()
         if connected is not None:
-            live = set(connected)
+            live = connected if isinstance(connected, (set, frozenset, dict)) else set(connected)
             for gone in [d for d in self._daemons if d not in live]:
                 del self._daemons[gone]
         now = self._mono_ns()
         for daemon_id, d in self._daemons.items():
-            if d.in_flight is not None:
-                if now - d.in_flight.sent_mono_ns < self.timeout_ns:
-                    continue
-                d.in_flight = None  # given up: counts as sent, not answered
-                if self._round_over(d):
-                    self._finish(daemon_id, d, now, out)
-                    continue
-            if now < d.due_ns:
-                continue
-            self._next_id += 1
-            probe_id = f"clk{self._next_id}"
-            sent_wall, sent_mono = self._wall_ns(), self._mono_ns()
-            d.in_flight = _InFlight(probe_id, sent_wall, sent_mono)
-            d.sent += 1
-            out.probes.append((daemon_id, TimeProbe(probe_id=probe_id, sent_at_ns=max(0, sent_wall))))
+            self._advance(daemon_id, d, now, out)
         return out
+
+    def step_one(self, daemon_id: str) -> ClockStep:
+        """:meth:`step` for one daemon (connected: the caller checked its session): its next probe
+        at once after a reply, without visiting every other daemon (at 1,000 daemons a reply
+        each, that visit was O(daemons) work per reply on the sweep's loop)."""
+        out = ClockStep()
+        d = self._daemons.get(daemon_id)
+        if d is not None:
+            self._advance(daemon_id, d, self._mono_ns(), out)
+        return out
+
+    def _advance(self, daemon_id: str, d: _Daemon, now: int, out: ClockStep) -> None:
+        """One daemon's part of a step: give up a timed-out probe (finishing its round if that was
+        the last), then send its next probe if one is due."""
+        if d.in_flight is not None:
+            if now - d.in_flight.sent_mono_ns < self.timeout_ns:
+                return
+            d.in_flight = None  # given up: counts as sent, not answered
+            if self._round_over(d):
+                self._finish(daemon_id, d, now, out)
+                return
+        if now < d.due_ns:
+            return
+        self._next_id += 1
+        probe_id = f"clk{self._next_id}"
+        sent_wall, sent_mono = self._wall_ns(), self._mono_ns()
+        d.in_flight = _InFlight(probe_id, sent_wall, sent_mono)
+        d.sent += 1
+        out.probes.append((daemon_id, TimeProbe(probe_id=probe_id, sent_at_ns=max(0, sent_wall))))
 
     def reply(self, daemon_id: str, msg: TimeReply) -> ClockStep:
         """A TIME_REPLY from ``daemon_id`` (session and key already checked), read just now. Returns

@@ -554,8 +554,8 @@ class ControlCore:
             else:
                 why = "restarted" if old is None or not msg.held else "reconnected"
                 out += self._revoke(lease, f"daemon {daemon_id} {why} as a new session without lease {lease.batch_id}")
-        known = {(r.trial_id, r.epoch) for r in renewed} | set(self._accepted)  # accepted: its replay gets an ACK
-        revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known)]
+        known = {(r.trial_id, r.epoch) for r in renewed}  # and accepted ones: their replay gets an ACK
+        revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known) if (t, e) not in self._accepted]
         self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now,
                                                 key=key)
         self._no_daemon_since = None

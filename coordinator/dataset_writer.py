@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: The child's niceness: it yields the core to the coordinator's loop whenever both want it.
 NICENESS = 10
+#: After an interim rewrite that took T seconds, the next starts no sooner than this times T later.
+REWRITE_SHARE = 10.0
 
 
 class DatasetWriter:
@@ -102,6 +104,12 @@ class DatasetWriter:
             proc.wait(timeout=10)
 
 
+def rewrite_wait_s(debounce_s: float, took_s: float) -> float:
+    """How long after an interim rewrite that took ``took_s`` the next may start: the debounce,
+    or :data:`REWRITE_SHARE` times the rewrite when that is longer."""
+    return max(debounce_s, REWRITE_SHARE * took_s)
+
+
 def _die_with_parent() -> None:
     """Linux: get SIGKILL when the parent dies (PR_SET_PDEATHSIG), so a killed coordinator
     leaves no writer behind even mid-rewrite."""
@@ -138,7 +146,10 @@ def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
         except Exception:  # an interim view: log it and keep serving; the final write is the coordinator's
             log.exception("interim rewrite of %s/results.nc failed", folder)
         # Debounce: requests that come meanwhile make one more rewrite after it; EOF ends at once.
-        deadline = time.monotonic() + max(debounce_s, time.monotonic() - t0)
+        # A rewrite re-reads every trial, so it grows with the sweep: the wait after it is at least
+        # REWRITE_SHARE times its length (as the coordinator's in-process rewrites), keeping this
+        # child to about a tenth of the coordinator's core however large the store grows.
+        deadline = time.monotonic() + rewrite_wait_s(debounce_s, time.monotonic() - t0)
         pending = False
         while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select([stdin_fd], [], [], left)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from servetune.manifest import PlannedBatch, TrialManifest
 from servetune.states import LeaseState, check_lease
@@ -37,8 +38,11 @@ class BatchWork:
         if self.hardware_class is None and self.batch.hardware_target is not None:
             object.__setattr__(self, "hardware_class", self.batch.hardware_target)
 
-    @property
+    @cached_property
     def batch_id(self) -> str:
+        """Computed once per instance (a sha256 of the config: the core asks for it on every
+        message; the dataclass and its batch are frozen, and :func:`dataclasses.replace` makes a
+        new instance without the cached id)."""
         return f"b{self.batch.index:04d}-{self.batch.config_id[:8]}"
 
 

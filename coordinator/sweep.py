@@ -51,7 +51,7 @@ from coordinator.control import (
     check_grant_bounds,
     orphans_from,
 )
-from coordinator.dataset_writer import DatasetWriter, write_final
+from coordinator.dataset_writer import DatasetWriter, rewrite_wait_s, write_final
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
 from coordinator.planning import needs_run, plan_experiment
@@ -640,7 +640,7 @@ class SweepRunner:
         if clocks is not None and core is not None and core.knows(daemon_id, msg.session_nonce) \
                 and core.key_of(daemon_id) == key:
             self._clock_report(endpoint, clocks.reply(daemon_id, msg))
-            self._clock_report(endpoint, clocks.step(core.daemons))  # its next probe, at once
+            self._clock_report(endpoint, clocks.step_one(daemon_id))  # its next probe, at once
         return True
 
     def _clock_report(self, endpoint: RouterEndpoint, step: ClockStep) -> None:
@@ -758,7 +758,7 @@ class SweepRunner:
             write_dataset(self.store)
             self._dataset_dirty = False
             took = time.monotonic() - t0
-            self._dataset_next = time.monotonic() + max(DATASET_DEBOUNCE_S, 10 * took)
+            self._dataset_next = time.monotonic() + rewrite_wait_s(DATASET_DEBOUNCE_S, took)
 
     def _execute(self, endpoint: RouterEndpoint, instructions: list[Instruction],
                  deferred: list[Instruction] | None = None) -> None:

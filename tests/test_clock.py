@@ -179,6 +179,21 @@ def test_replies_count_only_for_the_probe_and_daemon_they_answer() -> None:
     assert [d for d, _ in w.sched.step().probes] == ["d1"]
 
 
+def test_step_one_sends_only_that_daemons_next_probe_and_times_it_out_like_step() -> None:
+    w = World()
+    w.sched.join("d1")
+    (_, p1), = w.sched.step().probes
+    w.sched.join("d2")  # due now, but step_one after d1's reply visits d1 only
+    w.sched.reply("d1", w.answer("d1", p1))
+    assert [d for d, _ in w.sched.step_one("d1").probes] == ["d1"]
+    assert w.sched.step_one("d1").probes == []  # one in flight at a time
+    assert w.sched.step_one("d9").probes == []  # unknown: nothing
+    assert [d for d, _ in w.sched.step().probes] == ["d2"]
+    w.advance(1.0)  # d1's probe times out: given up and the next one sent, as step() does
+    (daemon, p2), = w.sched.step_one("d1").probes
+    assert daemon == "d1" and p2.probe_id != p1.probe_id
+
+
 def test_unanswered_probes_time_out_and_a_silent_round_is_reported_not_estimated() -> None:
     w = World()
     w.sched.join("d1")

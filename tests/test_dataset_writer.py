@@ -98,3 +98,11 @@ def test_the_coordinators_process_does_not_import_the_dataset_stack() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_interim_rewrites_wait_ten_times_their_length_once_that_exceeds_the_debounce() -> None:
+    from coordinator.dataset_writer import REWRITE_SHARE, rewrite_wait_s
+
+    assert REWRITE_SHARE == 10.0
+    assert rewrite_wait_s(2.0, 0.05) == 2.0  # a small store: the debounce
+    assert rewrite_wait_s(2.0, 1.5) == 15.0  # a large one: the child stays near a tenth of the core

@@ -62,3 +62,20 @@ def test_manifests_are_frozen() -> None:
         m.repeat = 3  # type: ignore[misc]
     with pytest.raises(ValidationError):
         m.load_point = _manifests()[1].load_point  # type: ignore[misc]
+
+
+def test_batch_work_id_is_computed_once_and_matches_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from coordinator.leases import BatchWork
+
+    batch = plan_grid(parse_spec(SPEC)).batches[1]
+    work = BatchWork(batch, batch.trials)
+    first = work.batch_id
+    assert first == f"b{batch.index:04d}-{batch.config.config_id[:8]}"
+    calls = []
+    monkeypatch.setattr("servetune.manifest.sha256_json", lambda data: calls.append(data) or "x" * 64)
+    assert work.batch_id == first and calls == []  # cached: no second hash
+    again = dataclasses.replace(work, hardware_class="H100")  # a new instance computes its own
+    assert again.batch_id == "b0001-xxxxxxxx" and len(calls) == 1
+    assert again == dataclasses.replace(work, hardware_class="H100")  # equality still by fields only

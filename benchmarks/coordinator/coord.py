@@ -186,6 +186,9 @@ class ProcSampler(_Sampler):
         self.rss_mib: list[float] = []
         self.hwm_mib = 0.0
         self.children_hwm_mib = 0.0  # its child processes (the results.nc writer): sum of their VmHWM, peak
+        #: peak of the coordinator's VmRSS plus its children's, read together (every tick: a --once
+        #: results.nc child lives for seconds only)
+        self.tree_rss_peak_mib = 0.0
         self.threads_cpu_s: dict[str, float] = {}  # thread name (tid) -> CPU-seconds, last read
         super().__init__(f"mem-sampler-{pid}")
 
@@ -203,26 +206,29 @@ class ProcSampler(_Sampler):
                 return  # a zombie has no memory lines
             self.mono.append(time.monotonic())
             self.rss_mib.append(rss)
+            self.tree_rss_peak_mib = max(self.tree_rss_peak_mib, rss + self._read_children())
             if len(self.mono) % 10 == 1:
                 self._read_threads()
-                self._read_children()
             self._stop.wait(self.tick_s)
 
-    def _read_children(self) -> None:
+    def _read_children(self) -> float:
+        """Update the children's VmHWM sum; returns the sum of their VmRSS now (MiB)."""
         try:
             with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as f:
                 kids = f.read().split()
         except OSError:
-            return
-        total = 0.0
+            return 0.0
+        total = rss = 0.0
         for kid in kids:
             try:
                 with open(f"/proc/{kid}/status", encoding="ascii", errors="replace") as f:
                     fields = dict(line.split(":", 1) for line in f if ":" in line)
                 total += int(fields["VmHWM"].split()[0]) / 1024
+                rss += int(fields["VmRSS"].split()[0]) / 1024
             except (OSError, KeyError, ValueError, IndexError):
                 continue
         self.children_hwm_mib = max(self.children_hwm_mib, total)
+        return rss
 
     def _read_threads(self) -> None:
         try:

@@ -160,6 +160,10 @@ def run_figures(fleet: dict[str, Any], log: LogSummary, timings: FleetTimings, c
         "coord_core_busy": coord_cpu_s / span if span and span > 0 else math.nan,
         "client_core_busy": client_cpu_s / span if span and span > 0 else math.nan,
         "coord_rss_peak_mib": coord_mem.hwm_mib,
+        # the coordinator and its results.nc writer child(ren), read together every 0.1 s; and the
+        # bound that adds the two peaks (VmHWM) whether or not they coincided
+        "tree_rss_peak_mib": coord_mem.tree_rss_peak_mib,
+        "tree_hwm_bound_mib": coord_mem.hwm_mib + coord_mem.children_hwm_mib,
         "coord_rss_steady_max_mib": coord_mem.max_between(start, end),
         "no_work": fleet["no_work"],
         "stale_total": sum(d["stale"] for d in fleet["daemons"]),
