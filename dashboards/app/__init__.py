@@ -42,6 +42,7 @@ PAGES: dict[str, str] = {
     "inspector": "Trial inspector",
     "ranking": "Ranking",
     "drift": "Drift",
+    "history": "Search views",
 }
 
 # Heading sizes fixed in px: left to the template, a heading took 18 px on a first load and 32 px after
@@ -157,7 +158,8 @@ class App:
         from dashboards.app import compare, decision, drift, experiments, inspector, parameters, pareto, ranking
 
         modules = {"decision": decision, "experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
-                   "inspector": inspector, "ranking": ranking, "drift": drift}
+                   "inspector": inspector, "ranking": ranking, "drift": drift,
+                   "history": __import__("dashboards.app.history", fromlist=["view"])}
         ctx = self._context()
         page = self.nav.value
         from dashboards.app.marks import synthetic_html
