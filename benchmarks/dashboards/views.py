@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks.dashboards import render
 from benchmarks.dashboards.render import CHROMIUM, NAME, make_dataset, serve, timed, wait_warm
 
-READY = [".st-views-done", ".st-views-table .tabulator-row"]
+READY = [".st-views-done", ".tabulator-row"]  # selectors do not cross shadow roots: one element each
 
 
 def main(argv: list[str] | None = None) -> int:
