@@ -178,6 +178,8 @@ def _views_done(tab: Page, lp: str) -> None:
 def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None:
     mine, other = _expected(root, LP), _expected(root, OTHER)
     tab = Page(browser, f"{served}?page=history&experiment=planted&load_point={LP}")
+    failed: list[str] = []
+    tab.page.on("requestfailed", lambda r: failed.append(r.url))
     try:
         tab.page.set_viewport_size({"width": 1280, "height": 1000})
         _views_done(tab, LP)
@@ -234,6 +236,6 @@ def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None
         n = len(set(other["config_id"]))
         assert tab.attr(".st-views-done", "data-lines") == tab.attr(".st-views-done", "data-configs") == str(n)
         assert not tab.page.locator(".st-error").count()
-        assert tab.errors == [], tab.errors
+        assert tab.errors == [], (tab.errors, sorted(set(failed)))
     finally:
         tab.close()
