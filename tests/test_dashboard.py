@@ -259,6 +259,7 @@ class Page:
 PAGES = {
     "decision": (".st-decision", "planted"),
     "curves": (".st-series, .st-curves-empty", "e2e"),
+    "history": (".st-views-done, .st-views-refused", "e2e"),
     "experiments": (".st-experiments", "e2e"),
     "pareto": (".st-pareto-summary", "e2e"),
     "parameters": (".st-progress-text, .st-section-done", "planted"),

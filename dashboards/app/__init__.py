@@ -43,6 +43,7 @@ PAGES: dict[str, str] = {
     "inspector": "Trial inspector",
     "ranking": "Ranking",
     "drift": "Drift",
+    "history": "Search views",
 }
 
 # Heading sizes fixed in px: left to the template, a heading took 18 px on a first load and 32 px after
@@ -155,11 +156,22 @@ class App:
         return Context(name, folder, dict(self.args), self.navigate, page=str(self.nav.value))
 
     def _show(self) -> None:
-        from dashboards.app import compare, decision, drift, experiments, inspector, parameters, pareto, ranking
+        from dashboards.app import (
+            compare,
+            curves,
+            decision,
+            drift,
+            experiments,
+            history,
+            inspector,
+            parameters,
+            pareto,
+            ranking,
+        )
 
-        modules = {"decision": decision, "experiments": experiments, "pareto": pareto, "parameters": parameters, "compare": compare,
-                   "inspector": inspector, "ranking": ranking, "drift": drift}
-        modules["curves"] = __import__("dashboards.app.curves", fromlist=["view"])
+        modules = {"decision": decision, "experiments": experiments, "pareto": pareto, "curves": curves,
+                   "parameters": parameters, "compare": compare, "inspector": inspector, "ranking": ranking,
+                   "drift": drift, "history": history}
         ctx = self._context()
         page = self.nav.value
         from dashboards.app.marks import synthetic_html

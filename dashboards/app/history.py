@@ -1,0 +1,516 @@
+"""Search views: optuna-dashboard-style views of an experiment, one load point at a time.
+
+A picker chooses the load point (and the hardware class where there are several: classes never share
+a view) and the objective (the spec's ranking objective by default); the views never pool load
+points. Baseline re-runs are drift controls and are left out; holes (never measured) too.
+
+- **Parallel coordinates**: one line per engine config measured at the load point, through one axis
+  per swept parameter (log2 spacing for power-of-two knobs, one slot per level for bool and string
+  ones) and the objective (the median of the config's ok trials), coloured by the objective.
+  Configs with no ok trial are grey dashed lines ending in the ``failed`` slot under the objective
+  axis. Above ``MAX_LINES`` configs a fixed-seed random ``MAX_LINES`` of them are drawn (the best
+  ``ALWAYS_BEST`` always among them) and the page says so.
+- **Slice plots**: the objective of each ok trial against each parameter (log x for power-of-two
+  knobs), at most ``MAX_POINTS`` trials drawn at random (fixed seed; the page says so).
+- **Run-order history**: the objective of each trial in the order the trials ran (their start
+  times; one trial per GPU set at a time, so it is also the order they finished on that hardware),
+  the best-so-far line over the ok trials, failed trials as red crosses on the bottom edge.
+- **Trial table** (Panel Tabulator, sorted and filtered in the server): one row per trial, short
+  config labels (:func:`dashboards.app.labels.short_labels`; the full config id in the tooltip),
+  units in the headers, widths that fit a 1280 px screen.
+
+Drift-suspect trials follow :mod:`dashboards.app.marks`: ``?drift=exclude`` (default) leaves them
+out of every view; ``?drift=apart`` still leaves them out of the lines, medians and best-so-far, and
+shows them beside (orange diamonds on the history and the slices, marked rows in the table).
+The views are computed in the background and cached per dataset version and choice.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+import panel as pn
+
+from analysis.frame import AnalysisInputError, Parameter, metric_sense
+from analysis.report import default_metric
+from dashboards.app import Context, esc, on_result, state
+from dashboards.app.labels import axis_label, short_labels, unit
+from dashboards.app.marks import DriftMarks, drift_bar, drift_marks, mode
+from dashboards.app.pareto import metric_options
+
+log = logging.getLogger(__name__)
+
+MAX_LINES = 2_000  # configs drawn on the parallel coordinates
+ALWAYS_BEST = 100  # of which the best ones are always drawn
+MAX_POINTS = 5_000  # trials drawn on each slice plot and on the history
+SEED = 0
+FAILED_SLOT = -0.15  # where a config with no ok trial meets the objective axis (normalised units)
+FAILED_COLOUR = "#7f7f7f"
+FAILED_TRIAL_COLOUR = "#d62728"
+SUSPECT_COLOUR = "#ff7f0e"
+#: the trial table's metric columns (after the objective): column -> header with its unit
+TABLE_METRICS = {"output_throughput": "output (tok/s)", "request_throughput": "requests (req/s)",
+                 "ttft_ms_p99": "TTFT p99 (ms)", "tpot_ms_p99": "TPOT p99 (ms)", "e2el_ms_p99": "E2E p99 (ms)"}
+#: units of well-known engine knobs, for their axes
+PARAM_UNITS = {"max_num_seqs": "sequences", "max_num_batched_tokens": "tokens", "max_model_len": "tokens",
+               "block_size": "tokens per block", "gpu_memory_utilization": "fraction of GPU memory",
+               "tensor_parallel_size": "GPUs", "pipeline_parallel_size": "GPUs", "swap_space": "GiB",
+               "cpu_offload_gb": "GiB", "max_num_partial_prefills": "requests", "num_scheduler_steps": "steps"}
+
+
+def power_of_two(p: Parameter) -> bool:
+    """Whether a numeric parameter's levels are positive powers of two (batch sizes, token budgets,
+    block sizes) or span a ratio of 8 or more (``Parameter.log``): its axes are log2-spaced."""
+    if p.kind != "numeric" or len(p.levels) < 2:
+        return False
+    vals = [float(v) for v in p.levels]
+    if p.log:
+        return True
+    return all(v > 0 and float(v).is_integer() and (int(v) & (int(v) - 1)) == 0 for v in vals)
+
+
+def param_axis(p: Parameter) -> str:
+    """A parameter's axis label: its name, unit and scale (``max_num_seqs (sequences, log2 scale)``)."""
+    what = PARAM_UNITS.get(p.name, "")
+    scale = "log2 scale" if power_of_two(p) else ("categories" if p.kind != "numeric" else "linear")
+    return f"{p.name} ({what + ', ' if what else ''}{scale})"
+
+
+def _level_key(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def normalise(p: Parameter, values: pd.Series) -> np.ndarray:
+    """Each value's height on the parameter's parallel axis, in [0, 1] (NaN where missing)."""
+    if p.kind == "numeric":
+        x = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+        lv = np.asarray([float(v) for v in p.levels], dtype=float)
+        if power_of_two(p):
+            x, lv = np.log2(np.where(x > 0, x, np.nan)), np.log2(lv)
+        lo, hi = float(np.nanmin(lv)), float(np.nanmax(lv))
+        return np.asarray((x - lo) / (hi - lo) if hi > lo else np.where(np.isnan(x), np.nan, 0.5))
+    levels = [_level_key(v) for v in p.levels]
+    if "" not in levels and values.isna().any():
+        levels = ["", *levels]
+    pos = {lv: (i / (len(levels) - 1) if len(levels) > 1 else 0.5) for i, lv in enumerate(levels)}
+    return np.asarray([pos.get(_level_key(v), np.nan) for v in values.tolist()], dtype=float)
+
+
+@dataclass(frozen=True)
+class Views:
+    """What the page draws for one load point x hardware class and objective.
+
+    ``configs``: one row per config measured there (``config_id``, ``label``, ``objective`` median of
+    its ok trials, NaN when none, ``n_ok``, ``n_failed``, the parameter columns); ``drawn``: the
+    config ids on the parallel coordinates; ``trials``: the trials in run order (``order`` from 1,
+    ``objective``, ``status``, ``best_so_far`` over the ok ones, ``suspect``), drift-suspect ones
+    included only in ``apart`` mode and then never in ``best_so_far``."""
+
+    load_point: str
+    hardware_class: str
+    objective: str
+    higher_is_better: bool
+    params: list[Parameter]
+    configs: pd.DataFrame
+    drawn: list[str]
+    trials: pd.DataFrame
+    labels: dict[str, str]
+    n_suspect: int
+
+    @property
+    def best(self) -> float:
+        ok = self.trials.loc[(self.trials["status"] == "ok") & ~self.trials["suspect"], "objective"]
+        ok = ok[np.isfinite(ok.to_numpy(dtype=float))]
+        if ok.empty:
+            return float("nan")
+        return float(ok.max() if self.higher_is_better else ok.min())
+
+
+def compute(folder: Any, load_point: str, hardware_class: str, objective: str, apart: bool) -> Views:
+    """:class:`Views` of the experiment (see the module doc); raises ``AnalysisInputError`` naming a
+    load point, class or objective the experiment does not have."""
+    df, marks = state.table(folder), drift_marks(folder)
+    if objective not in df.columns:
+        raise AnalysisInputError(f"objective {objective!r} is not a metric of this experiment")
+    higher = metric_sense(objective) > 0
+    keep = (df["load_point"].astype(str) == load_point).to_numpy()
+    if "hardware_class" in df and hardware_class:
+        keep = keep & (df["hardware_class"].astype(str) == hardware_class).to_numpy()
+    if "is_baseline" in df:
+        keep = keep & ~df["is_baseline"].astype(bool).to_numpy()
+    keep = keep & (df["status"].astype(str) != "hole").to_numpy()
+    if not keep.any():
+        raise AnalysisInputError(f"no measured trial at load point {load_point!r}"
+                                 + (f" on hardware class {hardware_class!r}" if hardware_class else ""))
+    params = [p for p in state.swept(folder) if p.column in df.columns]
+    cols = [c for c in dict.fromkeys(["trial_id", "config_id", "config_label", "status", "repeat", "started_at",
+                                      objective, *TABLE_METRICS, *(p.column for p in params)]) if c in df.columns]
+    sub = df.loc[keep, cols].reset_index(drop=True)
+    suspect = marks.mask(sub)
+    n_suspect = int(suspect.sum())
+    sub = sub.assign(objective=pd.to_numeric(sub[objective], errors="coerce").astype(float), suspect=suspect)
+    if not apart:
+        sub = sub[~suspect].reset_index(drop=True)
+    clean = sub[~sub["suspect"]]
+
+    def make_labels() -> dict[str, str]:
+        out = short_labels(clean if len(clean) else sub)
+        for cid in set(sub["config_id"].astype(str)) - set(out):
+            out[cid] = str(cid)
+        return out
+
+    # per load point x class x drift mode, not per objective: 1-2 s on 93,000 configs
+    labels = state._cached(("views-labels", str(folder), state.version(folder), load_point, hardware_class, apart),
+                           make_labels)
+    # integer codes per config (grouping by 64-character ids sorts strings: seconds on 100k trials)
+    codes, ids = pd.factorize(clean["config_id"].astype(str).to_numpy(), sort=False)
+    status = clean["status"].astype(str).to_numpy()
+    obj = clean["objective"].to_numpy()
+    good = (status == "ok") & np.isfinite(obj)
+    configs = clean[[p.column for p in params]].groupby(codes, sort=True).first().reset_index(drop=True)
+    configs.insert(0, "config_id", np.asarray(ids, dtype=object))
+    med = pd.Series(obj[good]).groupby(codes[good], sort=True).median()
+    configs["objective"] = med.reindex(np.arange(len(ids))).to_numpy()
+    configs["n_ok"] = np.bincount(codes[good], minlength=len(ids))
+    configs["n_failed"] = np.bincount(codes[status == "failed"], minlength=len(ids))
+    configs["label"] = configs["config_id"].map(labels)
+    drawn = _draw_lines(configs, higher)
+    order = np.argsort(sub["started_at"].to_numpy(), kind="stable") if "started_at" in sub else np.arange(len(sub))
+    trials = sub.iloc[order].reset_index(drop=True)
+    trials.insert(0, "order", np.arange(1, len(trials) + 1))
+    good = (trials["status"].astype(str) == "ok").to_numpy() & ~trials["suspect"].to_numpy() & \
+        np.isfinite(trials["objective"].to_numpy())
+    run = pd.Series(np.where(good, trials["objective"].to_numpy(), np.nan))
+    trials["best_so_far"] = (run.cummax() if higher else run.cummin()).to_numpy()
+    return Views(load_point, hardware_class, objective, higher, params, configs, drawn, trials, labels, n_suspect)
+
+
+def _draw_lines(configs: pd.DataFrame, higher: bool) -> list[str]:
+    """The configs drawn on the parallel coordinates: all of them up to ``MAX_LINES``, else the
+    ``ALWAYS_BEST`` best and a fixed-seed random choice of the others."""
+    ids = configs["config_id"].astype(str).to_numpy()
+    if len(ids) <= MAX_LINES:
+        return ids.tolist()
+    score = configs["objective"].to_numpy(dtype=float) * (1 if higher else -1)
+    ranked = np.argsort(np.where(np.isfinite(score), -score, np.inf), kind="stable")
+    best = ranked[:ALWAYS_BEST]
+    rest = np.random.default_rng(SEED).choice(ranked[ALWAYS_BEST:], MAX_LINES - ALWAYS_BEST, replace=False)
+    return ids[np.sort(np.concatenate([best, rest]))].tolist()
+
+
+def views(folder: Any, load_point: str, hardware_class: str, objective: str, apart: bool) -> Future[Views]:
+    """:func:`compute` in the background, once per dataset version and choice."""
+    key = ("views", str(folder), state.version(folder), load_point, hardware_class, objective, apart)
+    return state.background(key, lambda: compute(folder, load_point, hardware_class, objective, apart))
+
+
+# ------------------------------------------------------------------------------------------ plots
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def parallel_plot(v: Views) -> Any:
+    """Parallel coordinates: ``hv.Segments`` between neighbouring axes, one polyline per drawn
+    config (column ``pc_config`` names it), coloured by the objective; failed configs grey dashed."""
+    cf = v.configs.set_index(v.configs["config_id"].astype(str)).loc[v.drawn]
+    axes = [*(param_axis(p) for p in v.params), axis_label(v.objective)]
+    heights = [normalise(p, cf[p.column]) for p in v.params]
+    obj = cf["objective"].to_numpy(dtype=float)
+    finite = obj[np.isfinite(obj)]
+    lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+    heights.append(np.where(np.isfinite(obj), (obj - lo) / (hi - lo) if hi > lo else 0.5, FAILED_SLOT))
+    y = np.vstack(heights)  # axes x configs
+    k, n = y.shape
+    seg = pd.DataFrame({"x0": np.repeat(np.arange(k - 1, dtype=float), n), "y0": y[:-1].ravel(),
+                        "x1": np.repeat(np.arange(1, k, dtype=float), n), "y1": y[1:].ravel(),
+                        "objective": np.tile(obj, k - 1), "pc_config": np.tile(cf.index.to_numpy(dtype=object), k - 1),
+                        "config": np.tile(cf["label"].to_numpy(dtype=object), k - 1)})
+    failed = ~np.isfinite(seg["objective"].to_numpy())
+    kd = [hv.Dimension("x0", label="axis"), hv.Dimension("y0", label="height"), "x1", "y1"]
+    clabel = axis_label(v.objective)
+    ok_lines = hv.Segments(seg[~failed], kd, ["objective", "pc_config", "config"]).opts(
+        color="objective", cmap="viridis", colorbar=True, line_width=1.2, alpha=0.7, tools=["hover"],
+        clabel=clabel, hover_tooltips=[("config", "@config"), (clabel, "@objective")])
+    parts: list[Any] = [ok_lines]
+    if failed.any():
+        parts.append(hv.Segments(seg[failed], kd, ["objective", "pc_config", "config"], label="failed (no ok trial)")
+                     .opts(color=FAILED_COLOUR, line_dash="dashed", line_width=1.2, alpha=0.8, tools=["hover"],
+                           hover_tooltips=[("config", "@config"), ("status", "failed")]))
+    parts.append(hv.Segments(pd.DataFrame({"x0": np.arange(k, dtype=float), "y0": FAILED_SLOT - 0.05,
+                                           "x1": np.arange(k, dtype=float), "y1": 1.02}), kd[:2] + ["x1", "y1"])
+                 .opts(color="black", line_width=1))
+    parts.append(hv.Labels(_tick_labels(v, lo, hi, k, bool(failed.any())), kd[:2], "text").opts(
+        text_font_size="8pt", text_align="left", text_color="#333", xoffset=0.04))
+    title = (f"{v.objective} across the parameters at {v.load_point}: {len(v.drawn)} configs"
+             + (f" of {len(v.configs)} drawn (the {ALWAYS_BEST} best and a random choice)" if len(v.drawn) < len(v.configs)
+                else ""))
+    return hv.Overlay(parts).opts(hv.opts.Overlay(
+        responsive=True, height=420, title=title, xticks=list(enumerate(axes)), yaxis=None, show_grid=False,
+        xlabel="", ylabel="", xrotation=0, legend_position="top_left", xlim=(-0.2, k - 0.6), ylim=(FAILED_SLOT - 0.08, 1.08),
+        fontsize={"xticks": "8pt", "title": "10pt"}))
+
+
+def _tick_labels(v: Views, lo: float, hi: float, k: int, failed: bool) -> pd.DataFrame:
+    xs: list[float] = []
+    ys: list[float] = []
+    texts: list[str] = []
+    for i, p in enumerate(v.params):
+        levels = list(p.levels)
+        if p.kind == "numeric" and len(levels) > 8:
+            levels = [levels[j] for j in np.unique(np.linspace(0, len(levels) - 1, 6).round().astype(int))]
+        heights = normalise(p, pd.Series(levels, dtype=object))
+        for lv, h in zip(levels, heights):
+            if np.isfinite(h):
+                xs.append(float(i))
+                ys.append(float(h))
+                texts.append(_level_key(lv) or "(default)")
+    for t in np.linspace(lo, hi, 5) if hi > lo else [lo]:
+        xs.append(float(k - 1))
+        ys.append(float((t - lo) / (hi - lo)) if hi > lo else 0.5)
+        texts.append(_fmt(float(t)))
+    if failed:
+        xs.append(float(k - 1))
+        ys.append(FAILED_SLOT)
+        texts.append("failed")
+    return pd.DataFrame({"x0": xs, "y0": ys, "text": texts})
+
+
+def _sample(n: int, keep: np.ndarray | None = None) -> np.ndarray:
+    """Row positions to draw of ``n``: all up to ``MAX_POINTS``, else a fixed-seed random choice (plus ``keep``)."""
+    if n <= MAX_POINTS:
+        return np.arange(n)
+    pick = np.random.default_rng(SEED).choice(n, MAX_POINTS, replace=False)
+    return np.unique(np.concatenate([pick, keep])) if keep is not None else np.sort(pick)
+
+
+def _slice_frame(p: Parameter, rows: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    xs = rows[p.column]
+    x = pd.to_numeric(xs, errors="coerce") if p.kind == "numeric" else xs.map(lambda a: _level_key(a) or "(default)")
+    return pd.DataFrame({"x": x.to_numpy(), "y": rows["objective"].to_numpy(), "order": rows["order"].to_numpy(),
+                         "config": rows["config_id"].astype(str).map(labels).to_numpy()})
+
+
+def slice_plots(v: Views) -> Any:
+    """One scatter of the objective against each parameter (ok trials), log x for power-of-two knobs."""
+    t = v.trials
+    ok = t[(t["status"].astype(str) == "ok") & np.isfinite(t["objective"].to_numpy())]
+    clean, sus = ok[~ok["suspect"]], ok[ok["suspect"]]
+    clean = clean.iloc[_sample(len(clean))]
+    ylab = axis_label(v.objective)
+    plots = []
+    for p in v.params:
+        xname = param_axis(p)
+        xd, yd = hv.Dimension("x", label=xname), hv.Dimension("y", label=ylab)
+
+        opts: dict[str, Any] = dict(width=340, height=250, title=p.name, tools=["hover"], size=4, alpha=0.6,
+                                    fontsize={"title": "10pt", "labels": "8pt"})
+        if power_of_two(p):
+            levels = [float(a) for a in p.levels]
+            opts.update(logx=True, xticks=[(a, _level_key(b)) for a, b in zip(levels, p.levels)])
+        if p.kind != "numeric":
+            opts["jitter"] = 0.3
+        pts = hv.Scatter(_slice_frame(p, clean, v.labels), xd, [yd, "order", "config"]).opts(color="order", cmap="Blues", **opts)
+        layer: Any = pts
+        if len(sus):
+            layer = pts * hv.Scatter(_slice_frame(p, sus, v.labels), xd, [yd, "order", "config"], label="drift-suspect").opts(
+                color=SUSPECT_COLOUR, marker="diamond", size=6)
+        plots.append(layer)
+    if not plots:
+        return hv.Text(0, 0, "no swept parameter")
+    return hv.Layout(plots).cols(3).opts(shared_axes=False)
+
+
+def history_plot(v: Views) -> Any:
+    """The objective by run order, the best-so-far line (column ``best_so_far``), failed trials marked."""
+    t = v.trials
+    od, yd = hv.Dimension("order", label="run order (trial number, by start time)"), \
+        hv.Dimension("objective", label=axis_label(v.objective))
+    status = t["status"].astype(str).to_numpy()
+    finite = np.isfinite(t["objective"].to_numpy())
+    suspect = t["suspect"].to_numpy()
+    okm = (status == "ok") & finite & ~suspect
+    best = t["best_so_far"].to_numpy()
+    steps = np.flatnonzero(okm & (np.r_[np.nan, best[:-1]] != best))  # where the best improved
+    ok = t[okm]
+    shown = ok.iloc[_sample(len(ok), np.searchsorted(np.flatnonzero(okm), steps))]
+    cfg = shown["config_id"].astype(str).map(v.labels)
+    parts: list[Any] = [hv.Scatter(pd.DataFrame({"order": shown["order"], "objective": shown["objective"],
+                                                 "config": cfg.to_numpy()}), od, [yd, "config"], label="ok trial")
+                        .opts(color="#1f77b4", size=4, alpha=0.6, tools=["hover"])]
+    if len(steps):
+        line_x = np.r_[t["order"].to_numpy()[steps], t["order"].iloc[-1]]
+        line_y = np.r_[best[steps], best[steps][-1]]
+        parts.append(hv.Curve(pd.DataFrame({"order": line_x, "best_so_far": line_y}), od,
+                              hv.Dimension("best_so_far", label=axis_label(v.objective)), label="best so far")
+                     .opts(color="#2ca02c", line_width=2.5, interpolation="steps-post"))
+    floor = float(np.nanmin(ok["objective"])) if len(ok) else 0.0
+    failed = t[status == "failed"]
+    if len(failed):
+        parts.append(hv.Scatter(pd.DataFrame({"order": failed["order"], "objective": np.full(len(failed), floor),
+                                              "config": failed["config_id"].astype(str).map(v.labels).to_numpy()}),
+                                od, [yd, "config"], label=f"failed trial ({len(failed)}, drawn at the bottom)")
+                     .opts(color=FAILED_TRIAL_COLOUR, marker="x", size=8, tools=["hover"]))
+    sus = t[suspect & finite]
+    if len(sus):
+        parts.append(hv.Scatter(pd.DataFrame({"order": sus["order"], "objective": sus["objective"],
+                                              "config": sus["config_id"].astype(str).map(v.labels).to_numpy()}),
+                                od, [yd, "config"], label="drift-suspect (not in the best so far)")
+                     .opts(color=SUSPECT_COLOUR, marker="diamond", size=6, tools=["hover"]))
+    sense = "higher" if v.higher_is_better else "lower"
+    return hv.Overlay(parts).opts(hv.opts.Overlay(responsive=True, height=340, legend_position="bottom_right",
+                                                  title=f"{v.objective} by run order at {v.load_point} ({sense} is better)",
+                                                  fontsize={"title": "10pt"}))
+
+
+def trial_table(v: Views) -> pd.DataFrame:
+    """The trial table's rows: run order, short config label (``config_tip``: the full id, escaped,
+    for the tooltip), status, repeat, the objective and :data:`TABLE_METRICS` with units."""
+    t = v.trials
+    out = pd.DataFrame({"#": t["order"].to_numpy(),
+                        "config": t["config_id"].astype(str).map(v.labels).to_numpy(),
+                        "status": t["status"].astype(str).to_numpy()})
+    if "repeat" in t:
+        out["repeat"] = t["repeat"].to_numpy()
+    if t["suspect"].any():
+        out["drift"] = np.where(t["suspect"].to_numpy(), "suspect", "")
+    if v.objective not in TABLE_METRICS:
+        out[axis_label(v.objective)] = t["objective"].round(4).to_numpy()
+    for col, head in TABLE_METRICS.items():
+        if col in t:
+            out[head] = pd.to_numeric(t[col], errors="coerce").round(4).to_numpy()
+    out["config_tip"] = t["config_id"].astype(str).map(lambda s: html.escape(s, quote=True)).to_numpy()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the page
+
+
+class SearchViewsPage(pn.viewable.Viewer):
+    """Pickers (load point, hardware class, objective), the drift bar and the four views."""
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(**params)
+        assert ctx.folder is not None
+        self.ctx, self.folder = ctx, ctx.folder
+        self.version = state.version(self.folder)
+        ds, df = state.dataset(self.folder), state.table(self.folder)
+        measured = df[~df["is_baseline"].astype(bool)] if "is_baseline" in df else df
+        lps = sorted({str(x) for x in pd.unique(measured["load_point"].to_numpy(dtype=object))})
+        hws = sorted({str(x) for x in pd.unique(measured["hardware_class"].to_numpy(dtype=object))}) \
+            if "hardware_class" in measured else [""]
+        metrics = metric_options(df)
+        want_lp, want_hw, want_obj = ctx.arg("load_point"), ctx.arg("hardware_class"), ctx.arg("objective")
+        preferred = want_obj if want_obj in metrics else default_metric(ds)
+        self.load_point = pn.widgets.Select(name="load point", options=lps, value=want_lp if want_lp in lps else lps[0],
+                                            css_classes=["st-views-load-point"])
+        self.hardware = pn.widgets.Select(name="hardware class", options=hws, value=want_hw if want_hw in hws else hws[0],
+                                          visible=len(hws) > 1, css_classes=["st-views-hardware"])
+        self.objective = pn.widgets.Select(name="objective", options=metrics,
+                                           value=preferred if preferred in metrics else metrics[0],
+                                           css_classes=["st-views-objective"])
+        self.marks: DriftMarks = drift_marks(self.folder)
+        self.drift_mode = mode(ctx)
+        self.drift = drift_bar(ctx, self.marks, {
+            "exclude": "they are left out of every view below.",
+            "apart": "they are left out of the lines, medians and best-so-far below and drawn apart "
+                     "(orange diamonds; 'suspect' in the table)."})
+        self.summary = pn.pane.HTML(sizing_mode="stretch_width")
+        self.parallel = pn.pane.HoloViews(sizing_mode="stretch_width", height=440, css_classes=["st-views-parallel"])
+        self.slices = pn.pane.HoloViews(sizing_mode="stretch_width", css_classes=["st-views-slices"])
+        self.history = pn.pane.HoloViews(sizing_mode="stretch_width", height=360, css_classes=["st-views-history"])
+        self.table = pn.widgets.Tabulator(
+            pd.DataFrame(columns=["#", "config", "status"]), pagination="remote", page_size=15, disabled=True,
+            show_index=False, header_filters=True, layout="fit_columns", sizing_mode="stretch_width",
+            hidden_columns=["config_tip"], css_classes=["st-views-table"])
+        for w in (self.load_point, self.hardware, self.objective):
+            w.param.watch(lambda e: self.start(), "value")
+        self.start()
+
+    def start(self) -> None:
+        """Compute (or fetch) the views of the pickers' choice in the background, then draw them."""
+        choice = (self.load_point.value, self.hardware.value if self.hardware.visible else "", self.objective.value)
+        if pn.state.location is not None:
+            pn.state.location.update_query(load_point=choice[0], objective=choice[2])
+        self.summary.object = (f"<div class='st-progress-text'>computing the views of {esc(choice[0])}...</div>")
+        fut = views(self.folder, choice[0], choice[1], choice[2], self.drift_mode == "apart")
+        on_result(fut, lambda f: self._done(f, choice))
+
+    def _done(self, fut: Future[Views], choice: tuple[str, str, str]) -> None:
+        if choice != (self.load_point.value, self.hardware.value if self.hardware.visible else "", self.objective.value):
+            return
+        try:
+            v = fut.result()
+            self.parallel.object = parallel_plot(v)
+            self.slices.object = slice_plots(v)
+            self.history.object = history_plot(v)
+            self._fill_table(v)
+        except AnalysisInputError as exc:
+            self.summary.object = f"<div class='st-warn st-views-refused'>{esc(exc)}</div>"
+            return
+        except Exception as exc:
+            log.exception("search views failed")
+            self.summary.object = f"<div class='st-error'>the search views failed: {esc(exc)}</div>"
+            return
+        n_failed = int((v.configs["n_ok"] == 0).sum())
+        drawn = len(v.drawn) < len(v.configs)
+        n_trials = int((~v.trials["suspect"]).sum())
+        many = len(v.trials) > MAX_POINTS
+        self.summary.object = (
+            f"<div class='st-views-summary st-views-done' data-load-point='{esc(v.load_point)}' "
+            f"data-configs='{len(v.configs)}' data-lines='{len(v.drawn)}' data-failed-configs='{n_failed}' "
+            f"data-trials='{n_trials}' data-best='{v.best!r}' data-objective='{esc(v.objective)}'>"
+            f"load point <b>{esc(v.load_point)}</b>{' on ' + esc(v.hardware_class) if self.hardware.visible else ''}: "
+            f"{len(v.configs)} configs, {n_trials} trials (baseline re-runs and holes aside; other load points "
+            f"are never pooled in); objective {esc(v.objective)} ({'higher' if v.higher_is_better else 'lower'} is "
+            f"better), best ok trial {_fmt(v.best)} {esc(unit(v.objective))}; {n_failed} configs with no ok trial "
+            "(grey dashed lines)."
+            + (f" The parallel coordinates draw {len(v.drawn)} of the {len(v.configs)} configs: the {ALWAYS_BEST} best "
+               f"and a random choice (seed {SEED}) of the others." if drawn else "")
+            + (f" The slice plots and the history draw at most {MAX_POINTS} ok trials, chosen at random (seed {SEED}; "
+               "the best-so-far line uses every trial)." if many else "")
+            + "</div>")
+
+    def _fill_table(self, v: Views) -> None:
+        from bokeh.models.widgets.tables import HTMLTemplateFormatter
+
+        frame = trial_table(v)
+        metric_cols = [c for c in frame.columns if c not in ("#", "config", "status", "repeat", "drift", "config_tip")]
+        # 875 px (940 with the drift column): the whole table fits the main area of a 1280 px screen
+        self.table.widths = {"#": 50, "config": 200, "status": 65, "repeat": 60, "drift": 65,
+                             **{c: 100 for c in metric_cols}}
+        self.table.formatters = {"config": HTMLTemplateFormatter(
+            template="<span class='st-config' title='<%= config_tip %>'><%= value %></span>")}
+        self.table.header_tooltips = {**{head: col for col, head in TABLE_METRICS.items()},
+                                      "config": "short label: the parameters that differ between the configs shown; "
+                                                "hover a cell for the full config id"}
+        self.table.value = frame
+
+    def refresh(self) -> None:
+        v = state.version(self.folder)
+        if v != self.version:
+            self.version = v
+            self.start()
+
+    def __panel__(self) -> Any:
+        return pn.Column(
+            self.drift, pn.Row(self.load_point, self.hardware, self.objective), self.summary,
+            pn.pane.HTML("<h4>Parallel coordinates</h4>"), self.parallel,
+            pn.pane.HTML("<h4>Slice plots: the objective against each parameter</h4>"), self.slices,
+            pn.pane.HTML("<h4>Run-order history</h4>"), self.history,
+            pn.pane.HTML("<h4>Trials</h4><div class='st-note'>sort by a header, filter under it; "
+                         "hover a config for its full id</div>"), self.table,
+            sizing_mode="stretch_width")
+
+
+def view(ctx: Context) -> SearchViewsPage:
+    return SearchViewsPage(ctx)
