@@ -148,7 +148,7 @@ browser = test_dashboard.browser  # the same fixture: Debian's chromium through 
 
 
 def _winner_becomes(tab: Page, config: str) -> None:
-    tab.wait_attr(".st-decision-winner", "data-config", lambda v: v == config, timeout_s=60)
+    tab.wait_attr(".st-decision-winner", "data-config", lambda v: v == config)
 
 
 def _set(tab: Page, selector: str, value: float) -> None:

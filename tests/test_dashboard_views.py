@@ -171,7 +171,7 @@ _AXES_JS = """() => {
 
 
 def _views_done(tab: Page, lp: str) -> None:
-    tab.wait_attr(".st-views-done", "data-load-point", lambda v: v == lp, timeout_s=60)
+    tab.wait_attr(".st-views-done", "data-load-point", lambda v: v == lp)
     tab.page.wait_for_timeout(1500)  # let the plots arrive
 
 
