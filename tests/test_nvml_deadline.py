@@ -48,7 +48,7 @@ def test_no_second_call_starts_while_one_is_stuck(wedged: threading.Event) -> No
     before = threading.active_count()
     t0 = time.monotonic()
     value, status = nvml_mod.with_nvml(nvml_mod.read_use)
-    assert time.monotonic() - t0 < 0.2, "the second call waited for a deadline again"
+    assert time.monotonic() - t0 < 0.4, "the second call waited for its 0.5 s deadline again"
     assert value is None and status.hung and "still not answering" in status.reason
     assert threading.active_count() == before, "a second worker thread was started"
     # once the driver answers again, NVML is read again

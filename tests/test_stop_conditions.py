@@ -219,7 +219,7 @@ def test_scraper_keeps_going_through_failures_and_stops_on_time() -> None:
     time.sleep(0.3)
     t0 = time.monotonic()
     series = scraper.stop()
-    assert time.monotonic() - t0 < 0.2
+    assert time.monotonic() - t0 < 0.4  # under the 0.5 s read deadline: stop() does not wait for a read
     assert scraper.stop() == series  # idempotent
     assert len(calls) >= 8 and all(t == 0.5 for t in calls)
     assert scraper.failures == sum(1 for i in range(1, len(calls) + 1) if i % 3 == 0 or i == 4)
@@ -273,7 +273,7 @@ def test_real_vllm_over_saturation_and_error_budget(vllm_server: VLLMServer) -> 
     elapsed = time.monotonic() - t0
     try:
         assert res.stopped_early is not None and res.stopped_early.startswith("over-saturation: "), res.stopped_early
-        assert elapsed < 20, elapsed  # a window, a confirming window, some slack; not the 50 s of the load point
+        assert elapsed < 35, elapsed  # windows and slack on a busy machine; well under the 50 s of the whole load point
         m = summarize(res.samples, res.window_s, offered_rate=60.0)
         # (no client self-check here: hundreds of streams on this machine's spare core may lag it)
         assert m.n_cancelled > 10 and m.n_errors == 0 and m.n_completed > 0
