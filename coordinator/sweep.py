@@ -632,13 +632,16 @@ class SweepRunner:
 
     def _clock_reply(self, endpoint: RouterEndpoint, got: tuple[str, Message, str]) -> bool:
         """A TIME_REPLY is taken the moment it is read (its arrival is a clock stamp), never queued
-        behind the pass: counted only from the daemon's live session under its own key. True: it was one."""
+        behind the pass: counted only from the daemon's live session under its own key. True: it was
+        one and is done with; False: for the pass, like any message (one from a session the core does
+        not know is answered REJOIN, one under another key refused)."""
         daemon_id, msg, key = got
         if not isinstance(msg, TimeReply):
             return False
         core, clocks = self.core, self.clocks
-        if clocks is not None and core is not None and core.knows(daemon_id, msg.session_nonce) \
-                and core.key_of(daemon_id) == key:
+        if core is None or not core.knows(daemon_id, msg.session_nonce) or core.key_of(daemon_id) != key:
+            return False
+        if clocks is not None:
             self._clock_report(endpoint, clocks.reply(daemon_id, msg))
             self._clock_report(endpoint, clocks.step_one(daemon_id))  # its next probe, at once
         return True

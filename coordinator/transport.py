@@ -41,7 +41,9 @@ class RouterEndpoint:
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", *, server: KeyPair, gate: KeyGate):
         #: Frames dropped by :meth:`recv`, by why: ``routing_id`` (not a daemon id: not UTF-8, not
-        #: a wire id, or a ZeroMQ-generated one), ``malformed`` (did not decode), ``frames``.
+        #: a wire id, or a ZeroMQ-generated one), ``handover`` (still queued on the old connection
+        #: of a daemon that reconnected under the same id: :func:`routing_id_drop`),
+        #: ``malformed`` (did not decode), ``frames``.
         self.dropped: Counter[str] = Counter()
         #: RESULTs whose outcome alone was out of bounds, passed on as parse failures (not dropped).
         self.out_of_bounds_results = 0
@@ -80,9 +82,7 @@ class RouterEndpoint:
         ident, payload = frames[0].bytes, frames[1]
         daemon_id = _routing_id(ident)
         if daemon_id is None:
-            self.dropped["routing_id"] += 1
-            log.warning("dropping a message whose routing id %r is not a daemon id (%d dropped so far)",
-                        ident[:ID_MAX_CHARS], self.dropped["routing_id"])
+            self._drop_routing_id(ident, _announced(payload) if ident[:1] == b"\x00" else "")
             return None
         key = str(payload.get("User-Id") or "")
         if self.gate.name(key) is None:
@@ -100,6 +100,19 @@ class RouterEndpoint:
             self.dropped["malformed"] += 1
             log.warning("dropping malformed message from %s: %s", daemon_id, exc)
             return None
+
+    def _drop_routing_id(self, ident: bytes, announced: str) -> None:
+        """Count and log a message whose routing id is not a daemon id, saying which case it is."""
+        why = routing_id_drop(ident, announced)
+        self.dropped[why] += 1
+        if why == "handover":
+            log.warning("dropping a message still queued on daemon %s's old connection: it reconnected under the "
+                        "same routing id, and libzmq (ROUTER_HANDOVER) renamed the old connection %r; the daemon "
+                        "re-sends what is still unanswered (%d such dropped so far)",
+                        announced, ident, self.dropped[why])
+        else:
+            log.warning("dropping a message whose routing id %r is not a daemon id (%d dropped so far)",
+                        ident[:ID_MAX_CHARS], self.dropped[why])
 
     def send(self, daemon_id: str, msg: object) -> bool:
         """Send to one daemon; False when it is not connected (EHOSTUNREACH)."""
@@ -127,3 +140,21 @@ def _routing_id(ident: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return text if valid_id(text) else None
+
+
+def _announced(payload: zmq.Frame) -> str:
+    """The routing id the peer announced in its handshake (ZMTP's ``Identity`` property; "" if none
+    or not text)."""
+    try:
+        return str(payload.get("Identity") or "")
+    except (zmq.ZMQError, UnicodeDecodeError):
+        return ""
+
+
+def routing_id_drop(ident: bytes, announced: str) -> str:
+    """Why a routing id that is not a daemon id is dropped: ``handover`` when libzmq generated it
+    (its first byte is 0) for a connection whose peer announced a daemon id (``announced``): the old
+    connection of a daemon that reconnected under the same id, renamed by ROUTER_HANDOVER, whose
+    queued messages are still delivered; ``routing_id`` otherwise (a peer that set no routing id, or
+    one that is not a daemon id)."""
+    return "handover" if ident[:1] == b"\x00" and valid_id(announced) else "routing_id"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.clock import NS, PROBES_PER_ESTIMATE, read_clock_offsets
-from servetune.messages import Bye, Capabilities, Hello, TimeProbe, TimeReply, Welcome
+from servetune.messages import Bye, Capabilities, Hello, Rejoin, TimeProbe, TimeReply, Welcome
 from tests.clock_fleet import run_clock_fleet
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fleet_harness import Fleet, wait_for
@@ -42,7 +42,8 @@ def test_a_planted_offset_is_reported_within_its_uncertainty_and_daemons_on_one_
 def test_a_time_reply_counts_only_from_the_live_session_of_the_probed_daemon(tmp_path: Path) -> None:
     """A scripted daemon (a test double for the wire, tests/test_fleet_faults.py) answers its first
     probe under another session, claiming +100 s, then every later probe truthfully with a +5 s
-    clock: only the +5 s replies may count (the forged one is a probe sent, never answered)."""
+    clock: only the +5 s replies may count (the forged one is a probe sent, never answered), and
+    the reply from a session the coordinator does not know is answered REJOIN (never swallowed)."""
     with FakeOpenAIServer() as server:
         fleet = Fleet(tmp_path, server.base_url, name="scripted-clock", repeats=1)
         (tmp_path / "fleet.yaml").write_text("clock_probe_every_s: 600\n")
@@ -57,6 +58,8 @@ def test_a_time_reply_counts_only_from_the_live_session_of_the_probed_daemon(tmp
             now = time.time_ns() + 100 * NS
             d.send(TimeReply(session_nonce="another-session", probe_id=forged.probe_id, received_at_ns=now,
                              replied_at_ns=now))
+            rejoin = d.recv((Rejoin, TimeProbe), 30)  # a session it does not know: REJOIN, as for any message
+            assert isinstance(rejoin, Rejoin) and rejoin.session_nonce == "another-session", rejoin
             for _ in range(PROBES_PER_ESTIMATE):
                 p = d.recv((TimeProbe,), 30)
                 assert isinstance(p, TimeProbe) and p.probe_id != forged.probe_id
