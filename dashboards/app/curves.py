@@ -32,10 +32,11 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from analysis.curves import KINDS, KNEE_RULE, Series, curves
-from analysis.frame import AnalysisInputError, quantile_column
+from analysis.frame import quantile_column
 from dashboards.app import Context, esc, on_result, state
 from dashboards.app.labels import axis_label, short_labels, slo_bounds
 from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.settle import into, settle
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +134,11 @@ class CurvesPage(pn.viewable.Viewer):
         on_result(fut, self._done)
 
     def _done(self, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
-        try:
-            self.series, self.suspect = fut.result()
-            self._pending = False
-        except AnalysisInputError as exc:
-            self.body.objects = [pn.pane.HTML(f"<div class='st-warn st-curves-refused'>{esc(exc)}</div>")]
-            return
-        except Exception as exc:
-            log.exception("load curves failed")
-            self.body.objects = [pn.pane.HTML(f"<div class='st-error'>load curves failed: {esc(exc)}</div>")]
-            return
+        settle(fut, self._show, into(self.body), "load curves", "st-curves-refused")
+
+    def _show(self, result: tuple[list[Series], pd.DataFrame]) -> None:
+        self.series, self.suspect = result
+        self._pending = False
         classes = sorted({s.hardware_class for s in self.series})
         want = self.ctx.arg("hw")
         self._quiet = True  # the pickers are filled in: one render at the end, not one per widget
