@@ -20,12 +20,10 @@ Browser paint is not included (``benchmarks/dashboards/render.py`` times the oth
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
 RATES = (1, 2, 4, 8, 16)
 CONCURRENCIES = (1, 2, 4, 8, 16)
@@ -37,53 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", type=int, default=10_000)
     args = parser.parse_args(argv)
 
-    import numpy as np
-
     from analysis.synthetic import planted
-    from servetune.netcdf import write_netcdf
+    from benchmarks.dashboards.planted import forget, planted_root, timed_visit, warm
 
     levels = {f"r{r}": ("rate", float(r)) for r in RATES} | {f"c{c}": ("concurrency", float(c)) for c in CONCURRENCIES}
     ds, _ = planted(n_configs=args.configs, n_params=12, repeats=1, load_levels=levels, seed=5)
-    ds.attrs["experiment"] = "bench-curves"
-    ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], "bench-curves", dtype=object)))
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "bench-curves").mkdir()
-        write_netcdf(ds, root / "bench-curves" / "results.nc")
-        os.environ["SERVETUNE_RESULTS_ROOT"] = str(root)
-        from bokeh.document import Document
-        from panel.io.state import set_curdoc
-
-        from dashboards.app import App, state
-        from dashboards.app.marks import drift_marks
-
-        folder = root / "bench-curves"
-        state.dataset(folder)
-        state.table(folder)
-        drift_marks(folder)  # as the warm-up leaves it (every page with a drift banner reads it)
-        with set_curdoc(Document()):  # imports every page module, as the server's warm-up has before a first visit
-            App({"page": "experiments", "experiment": "bench-curves"}, live=False)
+    with planted_root(ds, "bench-curves") as folder:
+        warm(folder)  # as the server's warm-up leaves it: dataset, trial table, drift marks, page modules
         times: dict[str, list[float]] = {"page first visit": [], "page again": [], "switch to p50": []}
 
-        def visit() -> tuple[float, object]:
-            doc = Document()
-            t0 = time.perf_counter()
-            with set_curdoc(doc):
-                app = App({"page": "curves", "experiment": "bench-curves"}, live=False)
-                app.template().server_doc(doc)
-            page = app.current
-            assert "st-knees" in str(page.body.objects[-1].object), page.body.objects
-            return time.perf_counter() - t0, page
+        def ready(page: Any) -> bool:
+            return "st-knees" in str(page.body.objects[-1].object)
 
         for _ in range(args.repeats):
-            for key in [k for k in state._FUTURES if k[0] == "curves"]:
-                del state._FUTURES[key]
-            took, _page = visit()
+            forget("curves")
+            took, _page = timed_visit(folder.name, "curves", ready)
             times["page first visit"].append(took)
-            took, page = visit()
+            took, page = timed_visit(folder.name, "curves", ready)
             times["page again"].append(took)
             t0 = time.perf_counter()
-            page.pct.value = "p50"  # type: ignore[attr-defined]
+            page.pct.value = "p50"
             times["switch to p50"].append(time.perf_counter() - t0)
     print(f"{ds.sizes['trial']} trials, {args.configs} configs x {len(levels)} load levels, {args.repeats} repeats; "
           "median [min, max] seconds")
