@@ -11,7 +11,8 @@ winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importa
 and verdicts, partial dependence (curves with their bands), interactions (H² and strength with
 intervals), drift of the baseline re-runs (alarm, suspect trials, XmR charts; the ranking says how
 many drift-suspect trials it includes and marks their configs' rows), the failure map
-(regions with Wilson intervals), every warning and the
+(regions with Wilson intervals), the load curves (:func:`curves_items`: the Load curves page's
+series, knees and SLO lines for its default configs, drift-suspect trials left out), every warning and the
 causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
 hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
 :func:`analysis.report.analyze`, exactly what ``analyze --json`` prints. With trials of several
