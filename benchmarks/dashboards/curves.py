@@ -20,9 +20,7 @@ Browser paint is not included (``benchmarks/dashboards/render.py`` times the oth
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from typing import Any
 
 RATES = (1, 2, 4, 8, 16)
@@ -36,30 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from analysis.synthetic import planted
-    from benchmarks.dashboards.planted import forget, planted_root, timed_visit, warm
+    from benchmarks.dashboards.planted import planted_root, summary, visits, warm
 
     levels = {f"r{r}": ("rate", float(r)) for r in RATES} | {f"c{c}": ("concurrency", float(c)) for c in CONCURRENCIES}
     ds, _ = planted(n_configs=args.configs, n_params=12, repeats=1, load_levels=levels, seed=5)
+
+    def ready(page: Any) -> bool:
+        return "st-knees" in str(page.body.objects[-1].object)
+
+    def to_p50(page: Any) -> None:
+        page.pct.value = "p50"
+
     with planted_root(ds, "bench-curves") as folder:
         warm(folder)  # as the server's warm-up leaves it: dataset, trial table, drift marks, page modules
-        times: dict[str, list[float]] = {"page first visit": [], "page again": [], "switch to p50": []}
-
-        def ready(page: Any) -> bool:
-            return "st-knees" in str(page.body.objects[-1].object)
-
-        for _ in range(args.repeats):
-            forget("curves")
-            took, _page = timed_visit(folder.name, "curves", ready)
-            times["page first visit"].append(took)
-            took, page = timed_visit(folder.name, "curves", ready)
-            times["page again"].append(took)
-            t0 = time.perf_counter()
-            page.pct.value = "p50"
-            times["switch to p50"].append(time.perf_counter() - t0)
+        times = visits(folder.name, "curves", ready, ("curves",), args.repeats, ("switch to p50", to_p50))
     print(f"{ds.sizes['trial']} trials, {args.configs} configs x {len(levels)} load levels, {args.repeats} repeats; "
           "median [min, max] seconds")
-    for name, values in times.items():
-        print(f"  {name:20s} {statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]")
+    print(summary(times))
     return 0
 
 

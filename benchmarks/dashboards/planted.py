@@ -91,3 +91,27 @@ def forget(*kinds: str) -> None:
     for cache in (state._FUTURES, state._CACHE):
         for key in [k for k in cache if k[0] in kinds]:
             del cache[key]
+
+
+def visits(name: str, page: str, ready: Callable[[Any], bool], kinds: tuple[str, ...], repeats: int,
+           change: tuple[str, Callable[[Any], None]]) -> dict[str, list[float]]:
+    """Seconds, ``repeats`` times: the page's first visit (its cached results of ``kinds`` forgotten
+    first), a second visit, and ``change`` (its name, and what it does to the second visit's page)."""
+    what, act = change
+    times: dict[str, list[float]] = {"page first visit": [], "page again": [], what: []}
+    for _ in range(repeats):
+        forget(*kinds)
+        times["page first visit"].append(timed_visit(name, page, ready)[0])
+        took, got = timed_visit(name, page, ready)
+        times["page again"].append(took)
+        t0 = time.perf_counter()
+        act(got)
+        times[what].append(time.perf_counter() - t0)
+    return times
+
+
+def summary(times: dict[str, list[float]]) -> str:
+    """One line per timing: its median [min, max] in seconds."""
+    import statistics
+
+    return "\n".join(f"  {k:20s} {statistics.median(v):6.2f} [{min(v):.2f}, {max(v):.2f}]" for k, v in times.items())

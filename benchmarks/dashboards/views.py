@@ -85,34 +85,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def server_side(dataset: Path | None, n_configs: int, repeats: int) -> int:
     """The page built in-process (see the module doc); prints median [min, max] seconds."""
-    import time
     from typing import Any
 
     import analysis
     from analysis.synthetic import planted
-    from benchmarks.dashboards.planted import forget, planted_root, timed_visit, warm
+    from benchmarks.dashboards.planted import planted_root, summary, visits, warm
 
     ds = analysis.load(dataset) if dataset else planted(n_configs=n_configs, n_params=12, seed=0)[0]
 
     def ready(page: Any) -> bool:
         return "st-views-done" in str(page.summary.object)
 
-    times: dict[str, list[float]] = {"page first visit": [], "page again": [], "switch objective": []}
+    def switch(page: Any) -> None:
+        page.objective.value = "ttft_ms_p99"
+        assert ready(page) and "ttft_ms_p99" in str(page.summary.object)
+
     with planted_root(ds, NAME) as folder:
         warm(folder)
-        for _ in range(repeats):
-            forget("views", "views-labels", "views-table")
-            took, _page = timed_visit(folder.name, "history", ready)
-            times["page first visit"].append(took)
-            took, page = timed_visit(folder.name, "history", ready)
-            times["page again"].append(took)
-            t0 = time.perf_counter()
-            page.objective.value = "ttft_ms_p99"
-            assert ready(page) and "ttft_ms_p99" in str(page.summary.object)
-            times["switch objective"].append(time.perf_counter() - t0)
+        times = visits(folder.name, "history", ready, ("views", "views-labels", "views-table"), repeats,
+                       ("switch objective", switch))
     print(f"{ds.sizes['trial']} trials, {repeats} repeats; median [min, max] seconds")
-    for name, values in times.items():
-        print(f"  {name:20s} {statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]")
+    print(summary(times))
     return 0
 
 
