@@ -186,7 +186,8 @@ def _views_done(tab: Page, lp: str) -> None:
 
 def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None:
     mine, other = _expected(root, LP), _expected(root, OTHER)
-    tab = Page(browser, f"{served}?page=history&experiment=planted&load_point={LP}")
+    tab = Page(browser, f"{served}?page=history&experiment=planted&load_point={LP}"
+                        "&slices=max_num_seqs,gpu_memory_utilization,enable_chunked_prefill")
     failed: list[str] = []
     tab.page.on("requestfailed", lambda r: failed.append(r.url))
     try:

@@ -12,8 +12,8 @@ points. Baseline re-runs are drift controls and are left out; holes (never measu
   ``ALWAYS_BEST`` always among them) and the page says so.
 - **Slice plots**: the objective of each ok trial against each parameter (log x for power-of-two
   knobs), at most ``MAX_POINTS`` trials drawn at random (fixed seed; the page says so). The first
-  ``SLICES_SHOWN`` parameters are drawn until the user picks others (a picker above them; the page
-  says how many of how many), every plot a view of one shared source.
+  ``SLICES_SHOWN`` parameters are drawn until the user picks others (a picker above them, or
+  ``?slices=name,name``; the page says how many of how many), every plot a view of one shared source.
 - **Run-order history**: the objective of each trial in the order the trials ran (their start
   times; one trial per GPU set at a time, so it is also the order they finished on that hardware),
   the best-so-far line over the ok trials, failed trials as red crosses on the bottom edge.
@@ -280,6 +280,7 @@ def parallel_plot(v: Views) -> Any:
     fig.xaxis.major_label_overrides = {i: a for i, a in enumerate(axes)}
     fig.xaxis.major_label_text_font_size = "8pt"
     fig.yaxis.visible = False
+    fig.axis.axis_label = ""  # the parallel axes are named in their ticks
     fig.grid.visible = False
     fig.title.text_font_size = "10pt"
     return fig
@@ -525,7 +526,8 @@ class SearchViewsPage(pn.viewable.Viewer):
         self.parallel.object = parallel_plot(v)
         self.drawn = None  # no slice redraw while the picker is filled in
         names = [p.name for p in v.params]
-        kept = [n for n in (self.slice_params.value or []) if n in names]
+        kept = [n for n in (self.slice_params.value or []) if n in names] or \
+            [n for n in self.ctx.arg("slices").split(",") if n in names]
         self.slice_params.options = names
         self.slice_params.value = kept or names[:SLICES_SHOWN]
         self.drawn = v
