@@ -11,7 +11,8 @@ winner's ``vllm serve`` command from :mod:`servetune.export`), parameter importa
 and verdicts, partial dependence (curves with their bands), interactions (H² and strength with
 intervals), drift of the baseline re-runs (alarm, suspect trials, XmR charts; the ranking says how
 many drift-suspect trials it includes and marks their configs' rows), the failure map
-(regions with Wilson intervals), every warning and the
+(regions with Wilson intervals), the load curves (:func:`curves_items`: the Load curves page's
+series, knees and SLO lines for its default configs, drift-suspect trials left out), every warning and the
 causal/associational wording of the claims, and the provenance (experiment, spec hash, vLLM,
 hardware, model, design, creation time, and whether the data is SYNTHETIC). It is computed by
 :func:`analysis.report.analyze`, exactly what ``analyze --json`` prints. With trials of several
@@ -652,12 +653,59 @@ def build(ds: xr.Dataset, doc: dict[str, Any], commands: dict[str, str],
             items += _sections(part, commands)
     else:
         items += _sections(doc, commands)
+    items += curves_items(ds, doc)
     if isinstance(doc.get("cross_hardware"), dict):
         items.append(_html(_cross_html(doc["cross_hardware"])))
     if isinstance(doc.get("decision_cross"), dict):
         items.append(_html(_decision_section(ds, doc, decided, "decision_cross")))
     items.append(_html(_warnings_html(doc)))
     return pn.Column(*items, sizing_mode="stretch_width", max_width=1100)
+
+
+def _drift_suspect(doc: dict[str, Any]) -> set[str]:
+    """The trial ids of every drift section of the document (one per hardware class)."""
+    out: set[str] = set()
+    for part in [doc, *(doc.get("per_hardware_class") or [])]:
+        drift = part.get("drift")
+        out |= {str(t) for t in ((drift.get("suspect") or []) if isinstance(drift, dict) else [])}
+    return out
+
+
+def curves_items(ds: xr.Dataset, doc: dict[str, Any], pct: str = "p99") -> list[Any]:
+    """Load curves, as on the dashboard's Load curves page with its defaults: per series (kind of
+    load x workload x hardware class) throughput and each latency at ``pct`` against the load, for
+    the configs with the highest peak throughput, with their knees and the SLO lines; the
+    drift-suspect trials of the document's drift section are left out (the page's default)."""
+
+    from analysis.curves import KNEE_RULE, curves
+    from dashboards.app.curves import INTERVAL_NOTE, SHOWN, columns, default_configs, series_view
+    from dashboards.app.labels import short_labels, slo_bounds
+
+    df = trial_table(ds)
+    suspect = _drift_suspect(doc)
+    left_out = df["trial_id"].astype(str).isin(suspect) if suspect and "trial_id" in df else None
+    if left_out is not None:
+        df = df[~left_out.to_numpy()]
+    series = curves(df, [c for c in columns(ds) if c in df])
+    head = "<h2 class=\"curves\">Load curves</h2>"
+    if not series:
+        return [_html(f"{head}<p>Skipped: no load point of this experiment sets a request rate or a concurrency, "
+                      "so there is no load to draw curves against.</p>")]
+    slos = slo_bounds(ds)
+    n_left = int(left_out.sum()) if left_out is not None else 0
+    items: list[Any] = [_html(
+        f"{head}<p>Output throughput and {_e(pct)} latencies against the load offered, for the {SHOWN} configs "
+        "with the highest peak throughput of each hardware class (median over each config's repeats at each load; "
+        f"SLO lines dashed). {_e(KNEE_RULE)}. {_e(INTERVAL_NOTE)}."
+        + (f" {n_left} drift-suspect trials (see the drift section) are left out of these curves." if n_left else "")
+        + "</p>")]
+    for hw in sorted({s.hardware_class for s in series}):
+        mine = [s for s in series if s.hardware_class == hw]
+        chosen = default_configs(mine)
+        labels = short_labels(df[df["config_id"].astype(str).isin(set(chosen))]) if chosen else {}
+        for s in mine:
+            items += series_view(series.index(s), s, chosen, pct, labels, slos)
+    return items
 
 
 def _sections(doc: dict[str, Any], commands: dict[str, str]) -> list[Any]:

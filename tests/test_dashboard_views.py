@@ -45,13 +45,11 @@ def _expected(root: Path, lp: str, monkeypatch: pytest.MonkeyPatch | None = None
 
 
 def _page(root: Path, monkeypatch: pytest.MonkeyPatch, **args: str) -> Any:
-    import holoviews as hv
     from bokeh.document import Document
     from panel.io.state import set_curdoc
 
     from dashboards import app
 
-    hv.extension("bokeh", logo=False)
     monkeypatch.setenv("SERVETUNE_RESULTS_ROOT", str(root))
     doc = Document()
     with set_curdoc(doc):
@@ -62,11 +60,20 @@ def _page(root: Path, monkeypatch: pytest.MonkeyPatch, **args: str) -> Any:
     return page
 
 
-def _segments(overlay: Any) -> pd.DataFrame:
-    import holoviews as hv
+def _source(model: Any, name: str) -> dict[str, Any]:
+    """The data of the Bokeh data source called ``name`` in ``model`` (empty when there is none)."""
+    from bokeh.models import ColumnDataSource
 
-    parts = [el.data for el in overlay if isinstance(el, hv.Segments) and "pc_config" in el.data]
-    return pd.concat(parts, ignore_index=True)
+    found = [m for m in model.select({"type": ColumnDataSource}) if m.name == name]
+    return dict(found[0].data) if found else {}
+
+
+def _lines(fig: Any) -> pd.DataFrame:
+    """The parallel coordinates' polylines: one row per config (``pc_config``, ``objective``, ``axes``:
+    how many axes the line passes through)."""
+    parts = [_source(fig, "pc|ok"), _source(fig, "pc|failed")]
+    return pd.concat([pd.DataFrame({"pc_config": list(d["pc_config"]), "objective": list(d["objective"]),
+                                    "axes": [len(y) for y in d["ys"]]}) for d in parts if d], ignore_index=True)
 
 
 # ------------------------------------------------------------------------------- in a Bokeh document
@@ -74,55 +81,57 @@ def _segments(overlay: Any) -> pd.DataFrame:
 
 def test_parallel_coordinates_draw_one_line_per_config_of_the_chosen_load_point(root: Path,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import holoviews as hv
-
     page = _page(root, monkeypatch, load_point=LP)
     mine, other = _expected(root, LP), _expected(root, OTHER)
-    seg = _segments(page.parallel.object)
-    axes = len(hv.Store.lookup_options("bokeh", page.parallel.object, "plot").kwargs["xticks"])
-    # each config is one polyline: (axes - 1) segments, none of them from the other load point
-    counts = seg.groupby("pc_config").size()
-    assert set(counts.index) == set(mine["config_id"]) and (counts == axes - 1).all()
+    lines = _lines(page.parallel.object)
+    axes = len(page.parallel.object.xaxis[0].ticker.ticks)
+    # each config is one polyline through every axis, none of them from the other load point
+    assert sorted(lines["pc_config"]) == sorted(set(mine["config_id"])) and (lines["axes"] == axes).all()
     assert set(other["config_id"]) - set(mine["config_id"]), "the data should have configs only at the other load point"
     # each line's objective is the median of its ok trials at this load point, never pooled with the other
     ok = mine[mine["status"] == "ok"]
     want = ok.groupby("config_id")["output_throughput"].median()
-    got = seg.drop_duplicates("pc_config").set_index("pc_config")["objective"]
+    got = lines.set_index("pc_config")["objective"].astype(float)
     assert np.allclose(got.reindex(want.index).to_numpy(), want.to_numpy())
     failed = set(mine["config_id"]) - set(ok["config_id"])
     assert failed and set(got[got.isna()].index) == failed  # failed configs: drawn apart (NaN objective, grey)
+    assert set(_source(page.parallel.object, "pc|failed")["pc_config"]) == failed
     page.load_point.value = OTHER
-    assert set(_segments(page.parallel.object)["pc_config"]) == set(other["config_id"])
+    assert set(_lines(page.parallel.object)["pc_config"]) == set(other["config_id"])
     assert f"data-load-point='{OTHER}'" in page.summary.object
 
 
 def test_slices_use_a_log_axis_for_power_of_two_knobs(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import holoviews as hv
+    from bokeh.models import LogScale, Plot
 
     page = _page(root, monkeypatch, load_point=LP)
-    logx = {}
-    for plot in page.slices.object:
-        scatter = plot if isinstance(plot, hv.Scatter) else next(iter(plot))
-        opts = hv.Store.lookup_options("bokeh", scatter, "plot").kwargs
-        logx[opts["title"]] = bool(opts.get("logx"))
+    names = [p.name for p in page.drawn.params]
+    shown = [m.title.text for m in page.slices.object.select({"type": Plot}) if str(m.name).startswith("slice|")]
+    assert sorted(shown) == sorted(names[:3]) and "data-shown='3'" in page.slice_note.object  # the first three until others are picked
+    page.slice_params.value = names
+    figs = [m for m in page.slices.object.select({"type": Plot}) if str(m.name).startswith("slice|")]
+    assert sorted(f.title.text for f in figs) == sorted(names)
+    logx = {f.title.text: isinstance(f.x_scale, LogScale) for f in figs}
     assert logx["max_num_seqs"] and logx["max_num_batched_tokens"] and logx["block_size"]  # 4..256, 512..8192, 16..64
     assert not logx["gpu_memory_utilization"] and not logx["enable_chunked_prefill"]
+    # one source shared by every slice: its ok trials, each parameter a column
+    shared = {id(r.data_source) for f in figs for r in f.renderers if r.data_source.name == "slices|clean"}
+    mine = _expected(root, LP)
+    assert len(shared) == 1 and len(_source(page.slices.object, "slices|clean")["y"]) == (mine["status"] == "ok").sum()
 
 
 def test_the_best_so_far_line_is_monotone_and_ends_at_the_best_ok_trial(root: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import holoviews as hv
-
     page = _page(root, monkeypatch, load_point=LP)
-    curve = next(el for el in page.history.object if isinstance(el, hv.Curve))
-    line = curve.data["best_so_far"].to_numpy()
+    curve = _source(page.history.object, "history|best")
+    line = np.asarray(curve["best_so_far"])
     assert len(line) >= 2 and (np.diff(line) >= 0).all()
     mine = _expected(root, LP)
     assert line[-1] == mine.loc[mine["status"] == "ok", "output_throughput"].max()
-    assert curve.data["order"].iloc[-1] == len(mine)  # drawn to the last trial
+    assert curve["order"][-1] == len(mine)  # drawn to the last trial
     # a lower-is-better objective: the line falls
     page.objective.value = "ttft_ms_p99"
-    line = next(el for el in page.history.object if isinstance(el, hv.Curve)).data["best_so_far"].to_numpy()
+    line = np.asarray(_source(page.history.object, "history|best")["best_so_far"])
     assert (np.diff(line) <= 0).all() and line[-1] == mine.loc[mine["status"] == "ok", "ttft_ms_p99"].min()
 
 
@@ -177,7 +186,8 @@ def _views_done(tab: Page, lp: str) -> None:
 
 def test_the_views_in_the_browser(root: Path, served: str, browser: Any) -> None:
     mine, other = _expected(root, LP), _expected(root, OTHER)
-    tab = Page(browser, f"{served}?page=history&experiment=planted&load_point={LP}")
+    tab = Page(browser, f"{served}?page=history&experiment=planted&load_point={LP}"
+                        "&slices=max_num_seqs,gpu_memory_utilization,enable_chunked_prefill")
     failed: list[str] = []
     tab.page.on("requestfailed", lambda r: failed.append(r.url))
     try:

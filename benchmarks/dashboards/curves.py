@@ -20,12 +20,8 @@ Browser paint is not included (``benchmarks/dashboards/render.py`` times the oth
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
+from typing import Any
 
 RATES = (1, 2, 4, 8, 16)
 CONCURRENCIES = (1, 2, 4, 8, 16)
@@ -37,58 +33,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", type=int, default=10_000)
     args = parser.parse_args(argv)
 
-    import numpy as np
-
     from analysis.synthetic import planted
-    from servetune.netcdf import write_netcdf
+    from benchmarks.dashboards.planted import planted_root, summary, visits, warm
 
     levels = {f"r{r}": ("rate", float(r)) for r in RATES} | {f"c{c}": ("concurrency", float(c)) for c in CONCURRENCIES}
     ds, _ = planted(n_configs=args.configs, n_params=12, repeats=1, load_levels=levels, seed=5)
-    ds.attrs["experiment"] = "bench-curves"
-    ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], "bench-curves", dtype=object)))
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "bench-curves").mkdir()
-        write_netcdf(ds, root / "bench-curves" / "results.nc")
-        os.environ["SERVETUNE_RESULTS_ROOT"] = str(root)
-        from bokeh.document import Document
-        from panel.io.state import set_curdoc
 
-        from dashboards.app import App, state
-        from dashboards.app.marks import drift_marks
+    def ready(page: Any) -> bool:
+        return "st-knees" in str(page.body.objects[-1].object)
 
-        folder = root / "bench-curves"
-        state.dataset(folder)
-        state.table(folder)
-        drift_marks(folder)  # as the warm-up leaves it (every page with a drift banner reads it)
-        with set_curdoc(Document()):  # imports every page module, as the server's warm-up has before a first visit
-            App({"page": "experiments", "experiment": "bench-curves"}, live=False)
-        times: dict[str, list[float]] = {"page first visit": [], "page again": [], "switch to p50": []}
+    def to_p50(page: Any) -> None:
+        page.pct.value = "p50"
 
-        def visit() -> tuple[float, object]:
-            doc = Document()
-            t0 = time.perf_counter()
-            with set_curdoc(doc):
-                app = App({"page": "curves", "experiment": "bench-curves"}, live=False)
-                app.template().server_doc(doc)
-            page = app.current
-            assert "st-knees" in str(page.body.objects[-1].object), page.body.objects
-            return time.perf_counter() - t0, page
-
-        for _ in range(args.repeats):
-            for key in [k for k in state._FUTURES if k[0] == "curves"]:
-                del state._FUTURES[key]
-            took, _page = visit()
-            times["page first visit"].append(took)
-            took, page = visit()
-            times["page again"].append(took)
-            t0 = time.perf_counter()
-            page.pct.value = "p50"  # type: ignore[attr-defined]
-            times["switch to p50"].append(time.perf_counter() - t0)
+    with planted_root(ds, "bench-curves") as folder:
+        warm(folder)  # as the server's warm-up leaves it: dataset, trial table, drift marks, page modules
+        times = visits(folder.name, "curves", ready, ("curves",), args.repeats, ("switch to p50", to_p50))
     print(f"{ds.sizes['trial']} trials, {args.configs} configs x {len(levels)} load levels, {args.repeats} repeats; "
           "median [min, max] seconds")
-    for name, values in times.items():
-        print(f"  {name:20s} {statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]")
+    print(summary(times))
     return 0
 
 

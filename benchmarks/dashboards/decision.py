@@ -28,12 +28,10 @@ the other pages).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,45 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", type=int, default=50_000)
     args = parser.parse_args(argv)
 
-    import numpy as np
-
-    from analysis.decision import recommend
+    from analysis.decision import prepare, recommend
     from analysis.synthetic import planted
-    from servetune.netcdf import write_netcdf
+    from benchmarks.dashboards.planted import forget, planted_root, visit
+    from dashboards.app import rehearse, state
 
     ds, _ = planted(n_configs=args.configs, n_params=12, repeats=1, load_points=("short", "long"), baseline_every=50,
                     drift_at=0.6, drift_size=-0.3, seed=3)
-    ds.attrs["experiment"] = "bench-decision"
-    ds = ds.assign_coords(experiment=("trial", np.full(ds.sizes["trial"], "bench-decision", dtype=object)))
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "bench-decision").mkdir()
-        write_netcdf(ds, root / "bench-decision" / "results.nc")
-        os.environ["SERVETUNE_RESULTS_ROOT"] = str(root)
-        from bokeh.document import Document
-        from panel.io.state import set_curdoc
-
-        from dashboards.app import App, state
-
-        folder = root / "bench-decision"
+    with planted_root(ds, "bench-decision") as folder:
         loaded = state.dataset(folder)
         state.table(folder)
-        from analysis.decision import prepare
-        from dashboards.app import rehearse
 
-        def clear(*kinds: str) -> None:
-            for cache in (state._FUTURES, state._CACHE):
-                for key in [k for k in cache if k[0] in kinds]:
-                    del cache[key]
-
-        def visit() -> object:
-            doc = Document()
-            with set_curdoc(doc):
-                app = App({"page": "decision", "experiment": "bench-decision"}, live=False)
-                app.template().server_doc(doc)
-            page = app.current
-            assert "st-decision-winner" in str(page.body.objects[0].object), page.body.objects
-            return page
+        def ready(page: Any) -> bool:
+            return "st-decision-winner" in str(page.body.objects[0].object)
 
         times: dict[str, list[float]] = {k: [] for k in (
             "recommend", "recommend, prepared", "warm-up (rehearsal)", "page first visit", "page, no decision cached",
@@ -95,20 +67,20 @@ def main(argv: list[str] | None = None) -> int:
             recommend(loaded, n_boot=1000, prepared=prepared)
             times["recommend, prepared"].append(time.perf_counter() - t0)
         for i in range(args.repeats):
-            clear("decision", "decision-prepared")
+            forget("decision", "decision-prepared")
             t0 = time.perf_counter()
             rehearse("bench-decision", "decision")  # what dashboards/app_hooks.py does before the port opens
             times["warm-up (rehearsal)"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            visit()
+            visit(folder.name, "decision", ready)
             times["page first visit"].append(time.perf_counter() - t0)
-            clear("decision")
+            forget("decision")
             t0 = time.perf_counter()
-            visit()
+            visit(folder.name, "decision", ready)
             times["page, no decision cached"].append(time.perf_counter() - t0)
-            clear("decision", "decision-prepared")
+            forget("decision", "decision-prepared")
             t0 = time.perf_counter()
-            page = visit()
+            page = visit(folder.name, "decision", ready)
             times["page, nothing cached"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             page.weights[0].value = 2.0 + i  # type: ignore[attr-defined]

@@ -18,7 +18,13 @@ At this size the page draws 2,000 of the configs on the parallel coordinates (th
 fixed-seed random choice) and 5,000 ok trials on each slice plot and on the history (the
 best-so-far line uses every trial); the page says so.
 
-    .venv/bin/python -m benchmarks.dashboards.views [--dataset PATH/results.nc] [--repeats 3]
+With ``--server-side`` it times the page in-process instead (no browser, no server: the page built
+in a Bokeh document until its views are shown, :mod:`benchmarks.dashboards.planted`), with the
+dataset, trial table and drift marks loaded and the page modules imported, as the server's warm-up
+leaves them: ``first`` with nothing of the page computed (no views, no labels), ``again`` with the
+views cached, and an objective switch (``ttft_ms_p99``; the labels are kept per load point).
+
+    .venv/bin/python -m benchmarks.dashboards.views [--dataset PATH/results.nc] [--repeats 3] [--server-side]
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", type=Path, help="an existing results.nc (default: generate 100k trials)")
     parser.add_argument("--configs", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--server-side", action="store_true", help="time the page in-process, without a browser")
     args = parser.parse_args(argv)
+    if args.server_side:
+        return server_side(args.dataset, args.configs, args.repeats)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     render.TIMEOUT_MS = 600_000  # a loaded machine: report a slow visit rather than give up after 3 min
     from playwright.sync_api import sync_playwright
@@ -71,6 +80,32 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print(f"console errors: {errors}")
         return 1
+    return 0
+
+
+def server_side(dataset: Path | None, n_configs: int, repeats: int) -> int:
+    """The page built in-process (see the module doc); prints median [min, max] seconds."""
+    from typing import Any
+
+    import analysis
+    from analysis.synthetic import planted
+    from benchmarks.dashboards.planted import planted_root, summary, visits, warm
+
+    ds = analysis.load(dataset) if dataset else planted(n_configs=n_configs, n_params=12, seed=0)[0]
+
+    def ready(page: Any) -> bool:
+        return "st-views-done" in str(page.summary.object)
+
+    def switch(page: Any) -> None:
+        page.objective.value = "ttft_ms_p99"
+        assert ready(page) and "ttft_ms_p99" in str(page.summary.object)
+
+    with planted_root(ds, NAME) as folder:
+        warm(folder)
+        times = visits(folder.name, "history", ready, ("views", "views-labels", "views-table"), repeats,
+                       ("switch objective", switch))
+    print(f"{ds.sizes['trial']} trials, {repeats} repeats; median [min, max] seconds")
+    print(summary(times))
     return 0
 
 

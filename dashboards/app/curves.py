@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -32,10 +33,11 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from analysis.curves import KINDS, KNEE_RULE, Series, curves
-from analysis.frame import AnalysisInputError, quantile_column
+from analysis.frame import quantile_column
 from dashboards.app import Context, esc, on_result, state
 from dashboards.app.labels import axis_label, short_labels, slo_bounds
 from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.settle import into, settle
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +135,11 @@ class CurvesPage(pn.viewable.Viewer):
         on_result(fut, self._done)
 
     def _done(self, fut: Future[tuple[list[Series], pd.DataFrame]]) -> None:
-        try:
-            self.series, self.suspect = fut.result()
-            self._pending = False
-        except AnalysisInputError as exc:
-            self.body.objects = [pn.pane.HTML(f"<div class='st-warn st-curves-refused'>{esc(exc)}</div>")]
-            return
-        except Exception as exc:
-            log.exception("load curves failed")
-            self.body.objects = [pn.pane.HTML(f"<div class='st-error'>load curves failed: {esc(exc)}</div>")]
-            return
+        settle(fut, self._show, into(self.body), "load curves", "st-curves-refused")
+
+    def _show(self, result: tuple[list[Series], pd.DataFrame]) -> None:
+        self.series, self.suspect = result
+        self._pending = False
         classes = sorted({s.hardware_class for s in self.series})
         want = self.ctx.arg("hw")
         self._quiet = True  # the pickers are filled in: one render at the end, not one per widget
@@ -181,112 +178,7 @@ class CurvesPage(pn.viewable.Viewer):
         self.body.objects = parts
 
     def _series_view(self, si: int, s: Series, chosen: list[str]) -> list[Any]:
-        index = {c: i for i, c in enumerate(s.config_ids)}
-        rows = [(cid, index[cid]) for cid in chosen if cid in index]
-        q = PERCENTILES[self.pct.value]
-        counts = s.counts[[i for _, i in rows]] if rows else s.counts[:0]
-        measured = counts[counts > 0]
-        single = bool(len(measured)) and bool((measured <= 1).all())
-        notes = [f"<h3 class='st-series' data-series='{si}' data-kind='{s.kind}' data-levels='{len(s.loads)}'>"
-                 f"{esc(s.title)}</h3>",
-                 f"<div class='st-note'>{len(s.loads)} load level(s): "
-                 f"{esc(', '.join(f'{x:g}' for x in s.loads))} ({esc(KINDS[s.kind])}); {len(rows)} of "
-                 f"{len(s.config_ids)} configs shown</div>"]
-        if single:
-            notes.append("<div class='st-warn st-single-repeat'>single repeat: no interval (each point is one trial; "
-                         "repeat the trials to see how much a point can move)</div>")
-        elif len(measured) and (measured <= 1).any():
-            notes.append("<div class='st-note st-some-single'>points with a single repeat have no interval</div>")
-        if len(s.loads) < 3:
-            notes.append(f"<div class='st-warn st-no-knee'>no knee: {len(s.loads)} load level(s) here, the rule "
-                         "needs at least 3</div>")
-        figs = [self._figure(si, s, THROUGHPUT, "output throughput", rows, knees=True)]
-        for var, word in LATENCIES.items():
-            col = quantile_column(var, q)
-            if col in s.metrics:
-                figs.append(self._figure(si, s, col, f"{word} p{q * 100:g}", rows))
-        for var in LATENCIES:
-            for c in [c for c in self.slos if c.startswith(var + "_p") and c != quantile_column(var, q)]:
-                notes.append(f"<div class='st-note st-slo-elsewhere'>SLO {esc(c)} &le; {self.slos[c]:g} ms is on "
-                             f"another percentile: pick {esc(c.rsplit('_', 1)[1])} to see its line</div>")
-        knees = "".join(self._knee_row(si, s, cid, i) for cid, i in rows)
-        table = (f"<table class='st-table st-knees' data-series='{si}'><tr><th>config</th><th>knee "
-                 f"({esc(KINDS[s.kind])})</th><th>why</th></tr>{knees}</table>")
-        from bokeh.layouts import gridplot
-
-        grid = pn.pane.Bokeh(gridplot([figs[k:k + 2] for k in range(0, len(figs), 2)], sizing_mode="stretch_width",
-                                      merge_tools=False), sizing_mode="stretch_width")
-        return [pn.pane.HTML("".join(notes), sizing_mode="stretch_width"), grid,
-                pn.pane.HTML(table, sizing_mode="stretch_width")]
-
-    def _knee_row(self, si: int, s: Series, cid: str, i: int) -> str:
-        k = s.knee(i)
-        load = "" if k.load is None else f"{k.load:g}"
-        return (f"<tr class='st-knee' data-series='{si}' data-config='{esc(cid)}' data-load='{load}'>"
-                f"<td title='{esc(cid)}'>{esc(self.labels.get(cid, cid))}</td><td>{load or '-'}</td>"
-                f"<td class='st-note'>{esc(k.why)}</td></tr>")
-
-    def _figure(self, si: int, s: Series, col: str, word: str, rows: list[tuple[str, int]],
-                knees: bool = False) -> Any:
-        """One panel: every config's line in one multi-line source (``lines|series|column``: ``xs``,
-        ``ys``, ``config``, ``label``), its points with their intervals (``points|series|column``), the
-        knee marks on the throughput panel (``knees|series``: ``x``, ``y``, ``config``) and the SLO line
-        (a Span): few Bokeh models, so a page of eight panels stays quick to build and send."""
-        pos = s.loads[s.loads > 0]
-        log_x = len(pos) == len(s.loads) and len(pos) > 1 and pos.max() / pos.min() >= 8
-        fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log" if log_x else "linear",
-                     y_axis_type="linear" if col == THROUGHPUT else "log",  # latencies span decades near saturation
-                     title=f"{word} vs {KINDS[s.kind].split(' (')[0]}", x_axis_label=KINDS[s.kind],
-                     y_axis_label=axis_label(col), tools="pan,wheel_zoom,box_zoom,reset,save")
-        lines: dict[str, list[Any]] = {"xs": [], "ys": [], "config": [], "label": [], "color": []}
-        pts: dict[str, list[Any]] = {k: [] for k in ("x", "y", "low", "high", "n", "interval", "config", "label",
-                                                     "color")}
-        kn: dict[str, list[Any]] = {"x": [], "y": [], "config": [], "label": [], "why": [], "color": []}
-        for n, (cid, i) in enumerate(rows):
-            colour, label = Category10_10[n % 10], self.labels.get(cid, cid)
-            y = s.medians[col][i]
-            has = np.flatnonzero(np.isfinite(y))
-            lines["xs"].append(s.loads[has].tolist())
-            lines["ys"].append(y[has].tolist())
-            lines["config"].append(cid)
-            lines["label"].append(label[:60])
-            lines["color"].append(colour)
-            for j in has.tolist():
-                b = s.band(i, j, col)
-                for k, v in (("x", float(s.loads[j])), ("y", float(y[j])), ("low", b.low), ("high", b.high),
-                             ("n", b.n), ("config", cid), ("label", label), ("color", colour),
-                             ("interval", "no interval (single repeat)" if b.n < 2 else
-                              f"[{b.low:.4g}, {b.high:.4g}] at {b.level:.1%}")):
-                    pts[k].append(v)
-            k_ = s.knee(i) if knees else None
-            if k_ is not None and k_.load is not None:
-                for k, v in (("x", k_.load), ("y", float(y[int(np.flatnonzero(s.loads == k_.load)[0])])),
-                             ("config", cid), ("label", label), ("why", k_.why), ("color", colour)):
-                    kn[k].append(v)
-        fig.multi_line("xs", "ys", source=ColumnDataSource(lines, name=f"lines|{si}|{col}"), color="color",
-                       line_width=2, legend_field="label")
-        points = fig.scatter("x", "y", source=ColumnDataSource(pts, name=f"points|{si}|{col}"), color="color", size=7)
-        bars = {k: [v for v, lo in zip(vs, pts["low"]) if math.isfinite(lo)] for k, vs in pts.items()}
-        if bars["x"]:
-            fig.segment("x", "low", "x", "high", source=ColumnDataSource(bars, name=f"intervals|{si}|{col}"),
-                        color="color", line_width=2, alpha=0.6)
-        if kn["x"]:
-            fig.scatter("x", "y", source=ColumnDataSource(kn, name=f"knees|{si}"), marker="star", size=18,
-                        color="color", line_color="black", legend_label="knee")
-        bound = self.slos.get(col)
-        if bound is not None:
-            fig.add_layout(Span(location=bound, dimension="width", line_color="#b00020", line_dash="dashed",
-                                line_width=2, name=f"slo|{si}|{col}"))
-            fig.add_layout(Label(x=5, y=bound, x_units="screen", text=f"SLO {col} <= {bound:g} ms",
-                                 text_color="#b00020", text_font_size="10pt"))
-        self._suspects(fig, s, col)
-        fig.add_tools(HoverTool(renderers=[points], tooltips=[
-            ("config", "@label"), ("id", "@config"), ("load", "@x"), ("median", "@y{0.[000]}"),
-            ("repeats", "@n"), ("interval", "@interval")]))
-        fig.legend.click_policy = "hide"
-        fig.legend.label_text_font_size = "8pt"
-        fig.legend.location = "top_left"
-        return fig
+        return series_view(si, s, chosen, self.pct.value, self.labels, self.slos, self._suspects)
 
     def _suspects(self, fig: Any, s: Series, col: str) -> None:
         if self.suspect.empty or col not in self.suspect:
@@ -313,6 +205,120 @@ class CurvesPage(pn.viewable.Viewer):
     def __panel__(self) -> Any:
         return pn.Column(self.drift, pn.Row(self.pct, self.hw), self.configs, self.rule, self.body,
                          sizing_mode="stretch_width")
+
+
+def series_view(si: int, s: Series, chosen: list[str], pct: str, labels: dict[str, str], slos: dict[str, float],
+                suspects: Callable[[Any, Series, str], None] | None = None) -> list[Any]:
+    """One series' row of the page (also the static report's): its notes (HTML), the grid of its
+    panels (throughput with knees, each latency at ``pct``) and its knee table (HTML), for the
+    configs ``chosen`` labelled by ``labels``; ``suspects(fig, s, column)`` may add drift-suspect marks."""
+    index = {c: i for i, c in enumerate(s.config_ids)}
+    rows = [(cid, index[cid]) for cid in chosen if cid in index]
+    q = PERCENTILES[pct]
+    counts = s.counts[[i for _, i in rows]] if rows else s.counts[:0]
+    measured = counts[counts > 0]
+    single = bool(len(measured)) and bool((measured <= 1).all())
+    notes = [f"<h3 class='st-series' data-series='{si}' data-kind='{s.kind}' data-levels='{len(s.loads)}'>"
+             f"{esc(s.title)}</h3>",
+             f"<div class='st-note'>{len(s.loads)} load level(s): "
+             f"{esc(', '.join(f'{x:g}' for x in s.loads))} ({esc(KINDS[s.kind])}); {len(rows)} of "
+             f"{len(s.config_ids)} configs shown</div>"]
+    if single:
+        notes.append("<div class='st-warn st-single-repeat'>single repeat: no interval (each point is one trial; "
+                     "repeat the trials to see how much a point can move)</div>")
+    elif len(measured) and (measured <= 1).any():
+        notes.append("<div class='st-note st-some-single'>points with a single repeat have no interval</div>")
+    if len(s.loads) < 3:
+        notes.append(f"<div class='st-warn st-no-knee'>no knee: {len(s.loads)} load level(s) here, the rule "
+                     "needs at least 3</div>")
+    figs = [_figure(si, s, THROUGHPUT, "output throughput", rows, labels, slos, suspects, knees=True)]
+    for var, word in LATENCIES.items():
+        col = quantile_column(var, q)
+        if col in s.metrics:
+            figs.append(_figure(si, s, col, f"{word} p{q * 100:g}", rows, labels, slos, suspects))
+    for var in LATENCIES:
+        for c in [c for c in slos if c.startswith(var + "_p") and c != quantile_column(var, q)]:
+            notes.append(f"<div class='st-note st-slo-elsewhere'>SLO {esc(c)} &le; {slos[c]:g} ms is on "
+                         f"another percentile: pick {esc(c.rsplit('_', 1)[1])} to see its line</div>")
+    knees = "".join(_knee_row(si, s, cid, i, labels) for cid, i in rows)
+    table = (f"<table class='st-table st-knees' data-series='{si}'><tr><th>config</th><th>knee "
+             f"({esc(KINDS[s.kind])})</th><th>why</th></tr>{knees}</table>")
+    from bokeh.layouts import gridplot
+
+    grid = pn.pane.Bokeh(gridplot([figs[k:k + 2] for k in range(0, len(figs), 2)], sizing_mode="stretch_width",
+                                  merge_tools=False), sizing_mode="stretch_width")
+    return [pn.pane.HTML("".join(notes), sizing_mode="stretch_width"), grid,
+            pn.pane.HTML(table, sizing_mode="stretch_width")]
+
+def _knee_row(si: int, s: Series, cid: str, i: int, labels: dict[str, str]) -> str:
+    k = s.knee(i)
+    load = "" if k.load is None else f"{k.load:g}"
+    return (f"<tr class='st-knee' data-series='{si}' data-config='{esc(cid)}' data-load='{load}'>"
+            f"<td title='{esc(cid)}'>{esc(labels.get(cid, cid))}</td><td>{load or '-'}</td>"
+            f"<td class='st-note'>{esc(k.why)}</td></tr>")
+
+def _figure(si: int, s: Series, col: str, word: str, rows: list[tuple[str, int]], labels: dict[str, str],
+            slos: dict[str, float], suspects: Callable[[Any, Series, str], None] | None, knees: bool = False) -> Any:
+    """One panel: every config's line in one multi-line source (``lines|series|column``: ``xs``,
+    ``ys``, ``config``, ``label``), its points with their intervals (``points|series|column``), the
+    knee marks on the throughput panel (``knees|series``: ``x``, ``y``, ``config``) and the SLO line
+    (a Span): few Bokeh models, so a page of eight panels stays quick to build and send."""
+    pos = s.loads[s.loads > 0]
+    log_x = len(pos) == len(s.loads) and len(pos) > 1 and pos.max() / pos.min() >= 8
+    fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log" if log_x else "linear",
+                 y_axis_type="linear" if col == THROUGHPUT else "log",  # latencies span decades near saturation
+                 title=f"{word} vs {KINDS[s.kind].split(' (')[0]}", x_axis_label=KINDS[s.kind],
+                 y_axis_label=axis_label(col), tools="pan,wheel_zoom,box_zoom,reset,save")
+    lines: dict[str, list[Any]] = {"xs": [], "ys": [], "config": [], "label": [], "color": []}
+    pts: dict[str, list[Any]] = {k: [] for k in ("x", "y", "low", "high", "n", "interval", "config", "label",
+                                                 "color")}
+    kn: dict[str, list[Any]] = {"x": [], "y": [], "config": [], "label": [], "why": [], "color": []}
+    for n, (cid, i) in enumerate(rows):
+        colour, label = Category10_10[n % 10], labels.get(cid, cid)
+        y = s.medians[col][i]
+        has = np.flatnonzero(np.isfinite(y))
+        lines["xs"].append(s.loads[has].tolist())
+        lines["ys"].append(y[has].tolist())
+        lines["config"].append(cid)
+        lines["label"].append(label[:60])
+        lines["color"].append(colour)
+        for j in has.tolist():
+            b = s.band(i, j, col)
+            for k, v in (("x", float(s.loads[j])), ("y", float(y[j])), ("low", b.low), ("high", b.high),
+                         ("n", b.n), ("config", cid), ("label", label), ("color", colour),
+                         ("interval", "no interval (single repeat)" if b.n < 2 else
+                          f"[{b.low:.4g}, {b.high:.4g}] at {b.level:.1%}")):
+                pts[k].append(v)
+        k_ = s.knee(i) if knees else None
+        if k_ is not None and k_.load is not None:
+            for k, v in (("x", k_.load), ("y", float(y[int(np.flatnonzero(s.loads == k_.load)[0])])),
+                         ("config", cid), ("label", label), ("why", k_.why), ("color", colour)):
+                kn[k].append(v)
+    fig.multi_line("xs", "ys", source=ColumnDataSource(lines, name=f"lines|{si}|{col}"), color="color",
+                   line_width=2, legend_field="label")
+    points = fig.scatter("x", "y", source=ColumnDataSource(pts, name=f"points|{si}|{col}"), color="color", size=7)
+    bars = {k: [v for v, lo in zip(vs, pts["low"]) if math.isfinite(lo)] for k, vs in pts.items()}
+    if bars["x"]:
+        fig.segment("x", "low", "x", "high", source=ColumnDataSource(bars, name=f"intervals|{si}|{col}"),
+                    color="color", line_width=2, alpha=0.6)
+    if kn["x"]:
+        fig.scatter("x", "y", source=ColumnDataSource(kn, name=f"knees|{si}"), marker="star", size=18,
+                    color="color", line_color="black", legend_label="knee")
+    bound = slos.get(col)
+    if bound is not None:
+        fig.add_layout(Span(location=bound, dimension="width", line_color="#b00020", line_dash="dashed",
+                            line_width=2, name=f"slo|{si}|{col}"))
+        fig.add_layout(Label(x=5, y=bound, x_units="screen", text=f"SLO {col} <= {bound:g} ms",
+                             text_color="#b00020", text_font_size="10pt"))
+    if suspects is not None:
+        suspects(fig, s, col)
+    fig.add_tools(HoverTool(renderers=[points], tooltips=[
+        ("config", "@label"), ("id", "@config"), ("load", "@x"), ("median", "@y{0.[000]}"),
+        ("repeats", "@n"), ("interval", "@interval")]))
+    fig.legend.click_policy = "hide"
+    fig.legend.label_text_font_size = "8pt"
+    fig.legend.location = "top_left"
+    return fig
 
 
 def view(ctx: Context) -> CurvesPage:

@@ -35,6 +35,7 @@ from analysis.decide_cli import build_parser as recommend_parser
 from analysis.decision import RULES, Prepared, prepare, recommend
 from analysis.frame import AnalysisInputError
 from dashboards.app import Context, esc, on_result, state
+from dashboards.app.settle import into, settle
 from dashboards.app.versioned import RestartOnNewVersion
 from dashboards.decision_view import decision_html, labels_of, named_configs, recommend_command
 
@@ -186,15 +187,9 @@ class DecisionPage(RestartOnNewVersion, pn.viewable.Viewer):
                 return  # the user changed an input meanwhile: that decision is on its way
         except AnalysisInputError:
             return
-        try:
-            doc = fut.result()
-        except AnalysisInputError as exc:
-            self.body.objects = [pn.pane.HTML(f"<div class='st-warn st-decision-refused'>{esc(exc)}</div>")]
-            return
-        except Exception as exc:
-            log.exception("decision failed")
-            self.body.objects = [pn.pane.HTML(f"<div class='st-error'>decision failed: {esc(exc)}</div>")]
-            return
+        settle(fut, lambda doc: self._show(doc, inputs), into(self.body), "decision", "st-decision-refused")
+
+    def _show(self, doc: dict[str, Any], inputs: dict[str, Any]) -> None:
         self.doc = doc
         command = recommend_command(self.cli_target(), inputs["weights"], inputs["slos"],
                                     inputs["rule"], inputs["include_drift"], inputs["cross_hardware"], inputs["prices"])

@@ -11,7 +11,9 @@ points. Baseline re-runs are drift controls and are left out; holes (never measu
   axis. Above ``MAX_LINES`` configs a fixed-seed random ``MAX_LINES`` of them are drawn (the best
   ``ALWAYS_BEST`` always among them) and the page says so.
 - **Slice plots**: the objective of each ok trial against each parameter (log x for power-of-two
-  knobs), at most ``MAX_POINTS`` trials drawn at random (fixed seed; the page says so).
+  knobs), at most ``MAX_POINTS`` trials drawn at random (fixed seed; the page says so). The first
+  ``SLICES_SHOWN`` parameters are drawn until the user picks others (a picker above them, or
+  ``?slices=name,name``; the page says how many of how many), every plot a view of one shared source.
 - **Run-order history**: the objective of each trial in the order the trials ran (their start
   times; one trial per GPU set at a time, so it is also the order they finished on that hardware),
   the best-so-far line over the ok trials, failed trials as red crosses on the bottom edge.
@@ -34,10 +36,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import holoviews as hv
 import numpy as np
 import pandas as pd
 import panel as pn
+from bokeh.models import ColumnDataSource, HoverTool, LinearColorMapper
+from bokeh.palettes import Blues256
+from bokeh.plotting import figure
 
 from analysis.frame import AnalysisInputError, Parameter, metric_sense
 from analysis.report import default_metric
@@ -45,12 +49,14 @@ from dashboards.app import Context, esc, on_result, state
 from dashboards.app.labels import axis_label, short_labels, unit
 from dashboards.app.marks import DriftMarks, drift_bar, drift_marks, mode
 from dashboards.app.pareto import metric_options
+from dashboards.app.settle import settle
 
 log = logging.getLogger(__name__)
 
 MAX_LINES = 2_000  # configs drawn on the parallel coordinates
 ALWAYS_BEST = 100  # of which the best ones are always drawn
 MAX_POINTS = 5_000  # trials drawn on each slice plot and on the history
+SLICES_SHOWN = 3  # slice plots drawn until the user picks others (each is a Bokeh figure: 0.1 s and more)
 SEED = 0
 FAILED_SLOT = -0.15  # where a config with no ok trial meets the objective axis (normalised units)
 FAILED_COLOUR = "#7f7f7f"
@@ -111,7 +117,7 @@ class Views:
     ``configs``: one row per config measured there (``config_id``, ``label``, ``objective`` median of
     its ok trials, NaN when none, ``n_ok``, ``n_failed``, the parameter columns); ``drawn``: the
     config ids on the parallel coordinates; ``trials``: the trials in run order (``order`` from 1,
-    ``objective``, ``status``, ``best_so_far`` over the ok ones, ``suspect``), drift-suspect ones
+    ``objective``, ``status``, ``best_so_far`` over the ok ones, ``suspect``, ``label``), drift-suspect ones
     included only in ``apart`` mode and then never in ``best_so_far``."""
 
     load_point: str
@@ -190,6 +196,8 @@ def compute(folder: Any, load_point: str, hardware_class: str, objective: str, a
         np.isfinite(trials["objective"].to_numpy())
     run = pd.Series(np.where(good, trials["objective"].to_numpy(), np.nan))
     trials["best_so_far"] = (run.cummax() if higher else run.cummin()).to_numpy()
+    codes, uniq = pd.factorize(trials["config_id"].astype(str).to_numpy(), sort=False)
+    trials["label"] = np.asarray([labels.get(u, u) for u in uniq], dtype=object)[codes]
     return Views(load_point, hardware_class, objective, higher, params, configs, drawn, trials, labels, n_suspect)
 
 
@@ -213,6 +221,11 @@ def views(folder: Any, load_point: str, hardware_class: str, objective: str, apa
 
 
 # ------------------------------------------------------------------------------------------ plots
+#
+# Plain Bokeh, few models: one multi-line source for the parallel coordinates, one source shared by
+# every slice plot (each plot is a view of its own column of it, so hovering or selecting trials in
+# one shows them in all), one figure for the history. HoloViews took about 20 s to build and render
+# these on 100,000 trials (12 figures of 5,000 points, 26,000 segments); see benchmarks/RESULTS.md.
 
 
 def _fmt(v: float) -> str:
@@ -220,8 +233,12 @@ def _fmt(v: float) -> str:
 
 
 def parallel_plot(v: Views) -> Any:
-    """Parallel coordinates: ``hv.Segments`` between neighbouring axes, one polyline per drawn
-    config (column ``pc_config`` names it), coloured by the objective; failed configs grey dashed."""
+    """Parallel coordinates: one polyline per drawn config in one multi-line source (``pc|ok``,
+    columns ``xs``, ``ys``, ``objective``, ``pc_config``, ``config``), coloured by the objective;
+    configs with no ok trial grey dashed in ``pc|failed`` (objective NaN), ending in the failed slot."""
+    from bokeh.models import ColorBar, FixedTicker, LabelSet
+    from bokeh.palettes import Viridis256
+
     cf = v.configs.set_index(v.configs["config_id"].astype(str)).loc[v.drawn]
     axes = [*(param_axis(p) for p in v.params), axis_label(v.objective)]
     heights = [normalise(p, cf[p.column]) for p in v.params]
@@ -229,35 +246,44 @@ def parallel_plot(v: Views) -> Any:
     finite = obj[np.isfinite(obj)]
     lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     heights.append(np.where(np.isfinite(obj), (obj - lo) / (hi - lo) if hi > lo else 0.5, FAILED_SLOT))
-    y = np.vstack(heights)  # axes x configs
-    k, n = y.shape
-    seg = pd.DataFrame({"x0": np.repeat(np.arange(k - 1, dtype=float), n), "y0": y[:-1].ravel(),
-                        "x1": np.repeat(np.arange(1, k, dtype=float), n), "y1": y[1:].ravel(),
-                        "objective": np.tile(obj, k - 1), "pc_config": np.tile(cf.index.to_numpy(dtype=object), k - 1),
-                        "config": np.tile(cf["label"].to_numpy(dtype=object), k - 1)})
-    failed = ~np.isfinite(seg["objective"].to_numpy())
-    kd = [hv.Dimension("x0", label="axis"), hv.Dimension("y0", label="height"), "x1", "y1"]
-    clabel = axis_label(v.objective)
-    ok_lines = hv.Segments(seg[~failed], kd, ["objective", "pc_config", "config"]).opts(
-        color="objective", cmap="viridis", colorbar=True, line_width=1.2, alpha=0.7, tools=["hover"],
-        clabel=clabel, hover_tooltips=[("config", "@config"), (clabel, "@objective")])
-    parts: list[Any] = [ok_lines]
-    if failed.any():
-        parts.append(hv.Segments(seg[failed], kd, ["objective", "pc_config", "config"], label="failed (no ok trial)")
-                     .opts(color=FAILED_COLOUR, line_dash="dashed", line_width=1.2, alpha=0.8, tools=["hover"],
-                           hover_tooltips=[("config", "@config"), ("status", "failed")]))
-    parts.append(hv.Segments(pd.DataFrame({"x0": np.arange(k, dtype=float), "y0": FAILED_SLOT - 0.05,
-                                           "x1": np.arange(k, dtype=float), "y1": 1.02}), kd[:2] + ["x1", "y1"])
-                 .opts(color="black", line_width=1))
-    parts.append(hv.Labels(_tick_labels(v, lo, hi, k, bool(failed.any())), kd[:2], "text").opts(
-        text_font_size="8pt", text_align="left", text_color="#333", xoffset=0.04))
+    y = np.vstack(heights).T  # configs x axes
+    k = y.shape[1]
+    failed = ~np.isfinite(obj)
     title = (f"{v.objective} across the parameters at {v.load_point}: {len(v.drawn)} configs"
              + (f" of {len(v.configs)} drawn (the {ALWAYS_BEST} best and a random choice)" if len(v.drawn) < len(v.configs)
                 else ""))
-    return hv.Overlay(parts).opts(hv.opts.Overlay(
-        responsive=True, height=420, title=title, xticks=list(enumerate(axes)), yaxis=None, show_grid=False,
-        xlabel="", ylabel="", xrotation=0, legend_position="top_left", xlim=(-0.2, k - 0.6), ylim=(FAILED_SLOT - 0.08, 1.08),
-        fontsize={"xticks": "8pt", "title": "10pt"}))
+    fig = figure(height=420, sizing_mode="stretch_width", title=title, x_range=(-0.2, k - 0.6),
+                 y_range=(FAILED_SLOT - 0.08, 1.08), tools="pan,wheel_zoom,box_zoom,reset,save")
+    clabel = axis_label(v.objective)
+    xs = np.arange(k, dtype=float)
+    ids, labels = cf.index.to_numpy(dtype=object), cf["label"].to_numpy(dtype=object)
+
+    def lines(mask: np.ndarray, name: str) -> ColumnDataSource:
+        rows = np.flatnonzero(mask)
+        return ColumnDataSource({"xs": [xs] * len(rows), "ys": list(y[rows]), "objective": obj[rows],
+                                 "pc_config": ids[rows], "config": labels[rows]}, name=name)
+
+    mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi if hi > lo else lo + 1)
+    ok_lines = fig.multi_line("xs", "ys", source=lines(~failed, "pc|ok"), line_width=1.2, alpha=0.7,
+                              color={"field": "objective", "transform": mapper})
+    renderers = [ok_lines]
+    if failed.any():
+        renderers.append(fig.multi_line("xs", "ys", source=lines(failed, "pc|failed"), color=FAILED_COLOUR,
+                                        line_dash="dashed", line_width=1.2, alpha=0.8, legend_label="failed (no ok trial)"))
+        fig.legend.location = "top_left"
+    fig.segment(x0=xs, y0=FAILED_SLOT - 0.05, x1=xs, y1=1.02, color="black", line_width=1)
+    fig.add_layout(LabelSet(x="x0", y="y0", text="text", x_offset=4, text_font_size="8pt", text_color="#333",
+                            source=ColumnDataSource(_tick_labels(v, lo, hi, k, bool(failed.any())).to_dict("list"))))
+    fig.add_layout(ColorBar(color_mapper=mapper, title=clabel), "right")
+    fig.add_tools(HoverTool(renderers=renderers, tooltips=[("config", "@config"), (clabel, "@objective")]))
+    fig.xaxis.ticker = FixedTicker(ticks=list(range(k)))
+    fig.xaxis.major_label_overrides = {i: a for i, a in enumerate(axes)}
+    fig.xaxis.major_label_text_font_size = "8pt"
+    fig.yaxis.visible = False
+    fig.axis.axis_label = ""  # the parallel axes are named in their ticks
+    fig.grid.visible = False
+    fig.title.text_font_size = "10pt"
+    return fig
 
 
 def _tick_labels(v: Views, lo: float, hi: float, k: int, failed: bool) -> pd.DataFrame:
@@ -293,48 +319,83 @@ def _sample(n: int, keep: np.ndarray | None = None) -> np.ndarray:
     return np.unique(np.concatenate([pick, keep])) if keep is not None else np.sort(pick)
 
 
-def _slice_frame(p: Parameter, rows: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
-    xs = rows[p.column]
-    x = pd.to_numeric(xs, errors="coerce") if p.kind == "numeric" else xs.map(lambda a: _level_key(a) or "(default)")
-    return pd.DataFrame({"x": x.to_numpy(), "y": rows["objective"].to_numpy(), "order": rows["order"].to_numpy(),
-                         "config": rows["config_id"].astype(str).map(labels).to_numpy()})
+def _slice_columns(v: Views, rows: pd.DataFrame, names: list[str] | None) -> dict[str, Any]:
+    """The slice plots' shared source: ``x<i>`` (parameter i's value; a level's position, jittered,
+    for bool and string parameters, ``xt<i>`` its text), ``y`` (the objective), ``order``, ``config``."""
+    data: dict[str, Any] = {"y": rows["objective"].to_numpy(dtype=float), "order": rows["order"].to_numpy(),
+                            "config": rows["label"].to_numpy(dtype=object)}
+    jitter = np.random.default_rng(SEED).uniform(-0.3, 0.3, len(rows))
+    for i, p in enumerate(v.params):
+        if names is not None and p.name not in names:
+            continue
+        xs = rows[p.column]
+        if p.kind == "numeric":
+            data[f"x{i}"] = pd.to_numeric(xs, errors="coerce").to_numpy(dtype=float)
+            continue
+        levels = _levels(p, xs)
+        text = np.asarray([_level_key(a) or "(default)" for a in xs.tolist()], dtype=object)
+        data[f"x{i}"] = np.asarray([levels.index(t) if t in levels else np.nan for t in text], dtype=float) + jitter
+        data[f"xt{i}"] = text
+    return data
 
 
-def slice_plots(v: Views) -> Any:
-    """One scatter of the objective against each parameter (ok trials), log x for power-of-two knobs."""
+def _levels(p: Parameter, values: pd.Series) -> list[str]:
+    out = [_level_key(a) or "(default)" for a in p.levels]
+    if values.isna().any() and "(default)" not in out:
+        out.insert(0, "(default)")
+    return out
+
+
+def slice_plots(v: Views, names: list[str] | None = None) -> Any:
+    """One scatter of the objective against each parameter (ok trials), log x for power-of-two knobs,
+    every plot a view of one shared source (``slices|clean``; ``slices|suspect`` for drift-suspect
+    trials shown apart): a figure per parameter (those in ``names``, every one by default), named
+    ``slice|<parameter>``."""
+    from bokeh.layouts import gridplot
+    from bokeh.models import Div, FixedTicker
+
+    if not v.params or names == []:
+        return Div(text="no swept parameter" if not v.params else "no parameter picked")
     t = v.trials
     ok = t[(t["status"].astype(str) == "ok") & np.isfinite(t["objective"].to_numpy())]
     clean, sus = ok[~ok["suspect"]], ok[ok["suspect"]]
     clean = clean.iloc[_sample(len(clean))]
+    src = ColumnDataSource(_slice_columns(v, clean, names), name="slices|clean")
+    sus_src = ColumnDataSource(_slice_columns(v, sus, names), name="slices|suspect") if len(sus) else None
+    mapper = LinearColorMapper(palette=Blues256[::-1][64:], low=1, high=max(len(t), 2))
     ylab = axis_label(v.objective)
-    plots = []
-    for p in v.params:
-        xname = param_axis(p)
-        xd, yd = hv.Dimension("x", label=xname), hv.Dimension("y", label=ylab)
-
-        opts: dict[str, Any] = dict(width=340, height=250, title=p.name, tools=["hover"], size=4, alpha=0.6,
-                                    fontsize={"title": "10pt", "labels": "8pt"})
-        if power_of_two(p):
-            levels = [float(a) for a in p.levels]
-            opts.update(logx=True, xticks=[(a, _level_key(b)) for a, b in zip(levels, p.levels)])
-        if p.kind != "numeric":
-            opts["jitter"] = 0.3
-        pts = hv.Scatter(_slice_frame(p, clean, v.labels), xd, [yd, "order", "config"]).opts(color="order", cmap="Blues", **opts)
-        layer: Any = pts
-        if len(sus):
-            layer = pts * hv.Scatter(_slice_frame(p, sus, v.labels), xd, [yd, "order", "config"], label="drift-suspect").opts(
-                color=SUSPECT_COLOUR, marker="diamond", size=6)
-        plots.append(layer)
-    if not plots:
-        return hv.Text(0, 0, "no swept parameter")
-    return hv.Layout(plots).cols(3).opts(shared_axes=False)
+    figs = []
+    for i, p in enumerate(v.params):
+        if names is not None and p.name not in names:
+            continue
+        log_x = power_of_two(p)
+        fig = figure(width=340, height=250, title=p.name, name=f"slice|{p.name}", x_axis_type="log" if log_x else "linear",
+                     x_axis_label=param_axis(p), y_axis_label=ylab, tools="pan,wheel_zoom,box_zoom,box_select,reset,save")
+        xv = f"@xt{i}" if p.kind != "numeric" else f"@x{i}"
+        dots = fig.scatter(f"x{i}", "y", source=src, size=4, alpha=0.6, color={"field": "order", "transform": mapper})
+        if sus_src is not None:
+            fig.scatter(f"x{i}", "y", source=sus_src, marker="diamond", size=6, color=SUSPECT_COLOUR,
+                        legend_label="drift-suspect")
+        fig.add_tools(HoverTool(renderers=[dots], tooltips=[("config", "@config"), (p.name, xv), (ylab, "@y"),
+                                                            ("run order", "@order")]))
+        if log_x:
+            fig.xaxis.ticker = FixedTicker(ticks=[float(a) for a in p.levels])
+            fig.xaxis.major_label_overrides = {float(a): _level_key(a) for a in p.levels}
+        elif p.kind != "numeric":
+            levels = _levels(p, t[p.column])
+            fig.xaxis.ticker = FixedTicker(ticks=list(range(len(levels))))
+            fig.xaxis.major_label_overrides = dict(enumerate(levels))
+        fig.title.text_font_size = "10pt"
+        fig.axis.axis_label_text_font_size = "8pt"
+        figs.append(fig)
+    return gridplot(figs, ncols=3, merge_tools=True, toolbar_location="right")
 
 
 def history_plot(v: Views) -> Any:
-    """The objective by run order, the best-so-far line (column ``best_so_far``), failed trials marked."""
+    """The objective by run order (``history|ok``), the best-so-far line (``history|best``: columns
+    ``order``, ``best_so_far``), failed trials as red crosses on the bottom edge, suspects apart."""
     t = v.trials
-    od, yd = hv.Dimension("order", label="run order (trial number, by start time)"), \
-        hv.Dimension("objective", label=axis_label(v.objective))
+    xlab, ylab = "run order (trial number, by start time)", axis_label(v.objective)
     status = t["status"].astype(str).to_numpy()
     finite = np.isfinite(t["objective"].to_numpy())
     suspect = t["suspect"].to_numpy()
@@ -343,33 +404,38 @@ def history_plot(v: Views) -> Any:
     steps = np.flatnonzero(okm & (np.r_[np.nan, best[:-1]] != best))  # where the best improved
     ok = t[okm]
     shown = ok.iloc[_sample(len(ok), np.searchsorted(np.flatnonzero(okm), steps))]
-    cfg = shown["config_id"].astype(str).map(v.labels)
-    parts: list[Any] = [hv.Scatter(pd.DataFrame({"order": shown["order"], "objective": shown["objective"],
-                                                 "config": cfg.to_numpy()}), od, [yd, "config"], label="ok trial")
-                        .opts(color="#1f77b4", size=4, alpha=0.6, tools=["hover"])]
+    sense = "higher" if v.higher_is_better else "lower"
+    fig = figure(height=340, sizing_mode="stretch_width", x_axis_label=xlab, y_axis_label=ylab,
+                 title=f"{v.objective} by run order at {v.load_point} ({sense} is better)",
+                 tools="pan,wheel_zoom,box_zoom,reset,save")
+
+    def points(rows: pd.DataFrame, name: str, y: Any = None) -> ColumnDataSource:
+        return ColumnDataSource({"order": rows["order"].to_numpy(),
+                                 "objective": rows["objective"].to_numpy(dtype=float) if y is None else y,
+                                 "config": rows["label"].to_numpy(dtype=object)}, name=name)
+
+    hover = [fig.scatter("order", "objective", source=points(shown, "history|ok"), color="#1f77b4", size=4, alpha=0.6,
+                         legend_label="ok trial")]
     if len(steps):
-        line_x = np.r_[t["order"].to_numpy()[steps], t["order"].iloc[-1]]
-        line_y = np.r_[best[steps], best[steps][-1]]
-        parts.append(hv.Curve(pd.DataFrame({"order": line_x, "best_so_far": line_y}), od,
-                              hv.Dimension("best_so_far", label=axis_label(v.objective)), label="best so far")
-                     .opts(color="#2ca02c", line_width=2.5, interpolation="steps-post"))
+        line = {"order": np.r_[t["order"].to_numpy()[steps], t["order"].iloc[-1]],
+                "best_so_far": np.r_[best[steps], best[steps][-1]]}
+        fig.step("order", "best_so_far", source=ColumnDataSource(line, name="history|best"), mode="after",
+                 color="#2ca02c", line_width=2.5, legend_label="best so far")
     floor = float(np.nanmin(ok["objective"])) if len(ok) else 0.0
     failed = t[status == "failed"]
     if len(failed):
-        parts.append(hv.Scatter(pd.DataFrame({"order": failed["order"], "objective": np.full(len(failed), floor),
-                                              "config": failed["config_id"].astype(str).map(v.labels).to_numpy()}),
-                                od, [yd, "config"], label=f"failed trial ({len(failed)}, drawn at the bottom)")
-                     .opts(color=FAILED_TRIAL_COLOUR, marker="x", size=8, tools=["hover"]))
+        hover.append(fig.scatter("order", "objective", source=points(failed, "history|failed", np.full(len(failed), floor)),
+                                 marker="x", size=8, color=FAILED_TRIAL_COLOUR,
+                                 legend_label=f"failed trial ({len(failed)}, drawn at the bottom)"))
     sus = t[suspect & finite]
     if len(sus):
-        parts.append(hv.Scatter(pd.DataFrame({"order": sus["order"], "objective": sus["objective"],
-                                              "config": sus["config_id"].astype(str).map(v.labels).to_numpy()}),
-                                od, [yd, "config"], label="drift-suspect (not in the best so far)")
-                     .opts(color=SUSPECT_COLOUR, marker="diamond", size=6, tools=["hover"]))
-    sense = "higher" if v.higher_is_better else "lower"
-    return hv.Overlay(parts).opts(hv.opts.Overlay(responsive=True, height=340, legend_position="bottom_right",
-                                                  title=f"{v.objective} by run order at {v.load_point} ({sense} is better)",
-                                                  fontsize={"title": "10pt"}))
+        hover.append(fig.scatter("order", "objective", source=points(sus, "history|suspect"), marker="diamond", size=6,
+                                 color=SUSPECT_COLOUR, legend_label="drift-suspect (not in the best so far)"))
+    fig.add_tools(HoverTool(renderers=hover, tooltips=[("config", "@config"), ("run order", "@order"),
+                                                       (ylab, "@objective")]))
+    fig.legend.location = "bottom_right"
+    fig.title.text_font_size = "10pt"
+    return fig
 
 
 def trial_table(v: Views) -> pd.DataFrame:
@@ -377,7 +443,7 @@ def trial_table(v: Views) -> pd.DataFrame:
     for the tooltip), status, repeat, the objective and :data:`TABLE_METRICS` with units."""
     t = v.trials
     out = pd.DataFrame({"#": t["order"].to_numpy(),
-                        "config": t["config_id"].astype(str).map(v.labels).to_numpy(),
+                        "config": t["label"].to_numpy(),
                         "status": t["status"].astype(str).to_numpy()})
     if "repeat" in t:
         out["repeat"] = t["repeat"].to_numpy()
@@ -425,9 +491,14 @@ class SearchViewsPage(pn.viewable.Viewer):
             "apart": "they are left out of the lines, medians and best-so-far below and drawn apart "
                      "(orange diamonds; 'suspect' in the table)."})
         self.summary = pn.pane.HTML(sizing_mode="stretch_width")
-        self.parallel = pn.pane.HoloViews(sizing_mode="stretch_width", height=440, css_classes=["st-views-parallel"])
-        self.slices = pn.pane.HoloViews(sizing_mode="stretch_width", css_classes=["st-views-slices"])
-        self.history = pn.pane.HoloViews(sizing_mode="stretch_width", height=360, css_classes=["st-views-history"])
+        self.parallel = pn.pane.Bokeh(sizing_mode="stretch_width", height=440, css_classes=["st-views-parallel"])
+        self.slices = pn.pane.Bokeh(sizing_mode="stretch_width", css_classes=["st-views-slices"])
+        self.slice_params = pn.widgets.MultiChoice(name="slice plots of (pick the parameters to draw)", options=[],
+                                                   sizing_mode="stretch_width", css_classes=["st-views-slice-params"])
+        self.slice_note = pn.pane.HTML(sizing_mode="stretch_width")
+        self.drawn: Views | None = None
+        self.slice_params.param.watch(lambda e: self._draw_slices(), "value")
+        self.history = pn.pane.Bokeh(sizing_mode="stretch_width", height=360, css_classes=["st-views-history"])
         self.table = pn.widgets.Tabulator(
             pd.DataFrame(columns=["#", "config", "status"]), pagination="remote", page_size=15, disabled=True,
             show_index=False, header_filters=True, layout="fit_columns", sizing_mode="stretch_width",
@@ -448,19 +519,21 @@ class SearchViewsPage(pn.viewable.Viewer):
     def _done(self, fut: Future[Views], choice: tuple[str, str, str]) -> None:
         if choice != (self.load_point.value, self.hardware.value if self.hardware.visible else "", self.objective.value):
             return
-        try:
-            v = fut.result()
-            self.parallel.object = parallel_plot(v)
-            self.slices.object = slice_plots(v)
-            self.history.object = history_plot(v)
-            self._fill_table(v)
-        except AnalysisInputError as exc:
-            self.summary.object = f"<div class='st-warn st-views-refused'>{esc(exc)}</div>"
-            return
-        except Exception as exc:
-            log.exception("search views failed")
-            self.summary.object = f"<div class='st-error'>the search views failed: {esc(exc)}</div>"
-            return
+        settle(fut, self._draw, lambda text: setattr(self.summary, "object", text), "the search views",
+               "st-views-refused")
+
+    def _draw(self, v: Views) -> None:
+        self.parallel.object = parallel_plot(v)
+        self.drawn = None  # no slice redraw while the picker is filled in
+        names = [p.name for p in v.params]
+        kept = [n for n in (self.slice_params.value or []) if n in names] or \
+            [n for n in self.ctx.arg("slices").split(",") if n in names]
+        self.slice_params.options = names
+        self.slice_params.value = kept or names[:SLICES_SHOWN]
+        self.drawn = v
+        self._draw_slices()
+        self.history.object = history_plot(v)
+        self._fill_table(v)
         n_failed = int((v.configs["n_ok"] == 0).sum())
         drawn = len(v.drawn) < len(v.configs)
         n_trials = int((~v.trials["suspect"]).sum())
@@ -480,10 +553,23 @@ class SearchViewsPage(pn.viewable.Viewer):
                "the best-so-far line uses every trial)." if many else "")
             + "</div>")
 
+    def _draw_slices(self) -> None:
+        v = self.drawn
+        if v is None:
+            return
+        names = list(self.slice_params.value or [])
+        self.slices.object = slice_plots(v, names)
+        self.slice_note.object = (
+            f"<div class='st-note st-views-slice-note' data-shown='{len(names)}' data-params='{len(v.params)}'>"
+            f"{len(names)} of the {len(v.params)} parameters drawn"
+            + (": pick others above (each slice plot is a view of the same trials; select trials in one to see "
+               "them in all)" if len(names) < len(v.params) else "") + "</div>")
+
     def _fill_table(self, v: Views) -> None:
         from bokeh.models.widgets.tables import HTMLTemplateFormatter
 
-        frame = trial_table(v)
+        frame = state._cached(("views-table", str(self.folder), self.version, v.load_point, v.hardware_class,
+                               v.objective, self.drift_mode), lambda: trial_table(v))
         metric_cols = [c for c in frame.columns if c not in ("#", "config", "status", "repeat", "drift", "config_tip")]
         # 875 px (940 with the drift column): the whole table fits the main area of a 1280 px screen
         self.table.widths = {"#": 50, "config": 200, "status": 65, "repeat": 60, "drift": 65,
@@ -505,7 +591,8 @@ class SearchViewsPage(pn.viewable.Viewer):
         return pn.Column(
             self.drift, pn.Row(self.load_point, self.hardware, self.objective), self.summary,
             pn.pane.HTML("<h4>Parallel coordinates</h4>"), self.parallel,
-            pn.pane.HTML("<h4>Slice plots: the objective against each parameter</h4>"), self.slices,
+            pn.pane.HTML("<h4>Slice plots: the objective against each parameter</h4>"), self.slice_params,
+            self.slice_note, self.slices,
             pn.pane.HTML("<h4>Run-order history</h4>"), self.history,
             pn.pane.HTML("<h4>Trials</h4><div class='st-note'>sort by a header, filter under it; "
                          "hover a config for its full id</div>"), self.table,

@@ -28,6 +28,8 @@ from analysis.frame import AnalysisInputError
 from analysis.ranking import RankingResult, policies, rank
 from dashboards.app import Context, claim_html, esc, on_result, state, warnings_html
 from dashboards.app.marks import clean, drift_bar, drift_marks, mode
+from dashboards.app.settle import into as show_in
+from dashboards.app.settle import settle
 from dashboards.app.versioned import RestartOnNewVersion
 
 log = logging.getLogger(__name__)
@@ -146,17 +148,11 @@ class RankingPage(RestartOnNewVersion, pn.viewable.Viewer):
 
     def _done(self, fut: Future[tuple[RankingResult, pd.DataFrame]], policy: str, into: pn.Column,
               apart: bool = False) -> None:
-        try:
-            result, used = fut.result()
-        except AnalysisInputError as exc:
-            into.objects = [pn.pane.HTML(f"<div class='st-warn'>{esc(exc)}</div>")]
-            return
-        except Exception as exc:
-            log.exception("ranking failed")
-            into.objects = [pn.pane.HTML(f"<div class='st-error'>ranking failed: {esc(exc)}</div>")]
-            return
-        if policy == self.policy.value:
-            into.objects = self._render(result, policy, used, apart)
+        def use(got: tuple[RankingResult, pd.DataFrame]) -> None:
+            if policy == self.policy.value:
+                into.objects = self._render(got[0], policy, got[1], apart)
+
+        settle(fut, use, show_in(into), "ranking", "st-ranking-refused")
 
     def _render(self, res: RankingResult, policy: str, used: pd.DataFrame, apart: bool = False) -> list[Any]:
         ds, df = state.dataset(self.folder), state.table(self.folder)
@@ -187,14 +183,17 @@ class RankingPage(RestartOnNewVersion, pn.viewable.Viewer):
                 cmd = f"# cannot render the command: {exc}"
             lat = latency_medians(used, g.group)
             estimable = p_best_estimable(g.rows)
+            shown = g.rows[:15]
+            noted = any(r.note for r in shown)  # the policy's word on a row's score, e.g. a knee extreme's 0
             rows = "".join(
                 f"<tr class='st-rank-row' data-config='{esc(r.config_id)}'><td>{r.rank}</td><td>{esc(r.label)}</td>"
                 f"<td>{_score(r.score)}</td>"
-                f"<td>{'-' if r.slos_met is None else ('yes' if r.slos_met else 'no')}</td>"
+                + (f"<td class='st-note st-rank-note'>{esc(r.note)}</td>" if noted else "")
+                + f"<td>{'-' if r.slos_met is None else ('yes' if r.slos_met else 'no')}</td>"
                 + "".join(f"<td class='st-lat'>{_ms(lat.get((r.config_id, c)))}</td>" for c in LATENCY_COLUMNS)
                 + f"{p_best_cell(r, estimable)}<td>{r.n_ok}/{r.n_failed}/{r.n_holes}</td>"
                 f"{failover_cell(r.n_failover)}</tr>"
-                for r in g.rows[:15])
+                for r in shown)
             winner_cls = "st-apart-winner" if apart else "st-winner"
             link = (f" <a class='st-compare-link' href='{compare_href(self.ctx, win.config_id, second.config_id, g.group)}'>"
                     "compare #1 vs #2</a>" if second else "")
@@ -207,8 +206,9 @@ class RankingPage(RestartOnNewVersion, pn.viewable.Viewer):
                 + ("" if apart else "<div class='st-note'>vllm serve command for the winner (copy):</div>"),
                 sizing_mode="stretch_width")
             lat_heads = "".join(f"<th>{esc(h)}</th>" for h in LATENCY_COLUMNS.values())
-            table = pn.pane.HTML(f"<table class='st-table st-rank-table'><tr><th>#</th><th>config</th><th>score</th>"
-                                 f"<th>SLOs met</th>{lat_heads}<th title='{esc(P_BEST_HELP)}'>P(best)</th>"
+            table = pn.pane.HTML("<table class='st-table st-rank-table'><tr><th>#</th><th>config</th><th>score</th>"
+                                 + ("<th>about the score</th>" if noted else "")
+                                 + f"<th>SLOs met</th>{lat_heads}<th title='{esc(P_BEST_HELP)}'>P(best)</th>"
                                  f"<th>ok/failed/holes</th><th>failover</th></tr>{rows}</table>"
                                  + ("" if estimable else f"<div class='st-warn st-p-best-note'>P(best) not estimable: "
                                     f"{esc(P_BEST_HELP)}</div>"), sizing_mode="stretch_width")
