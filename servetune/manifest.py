@@ -1,5 +1,5 @@
-"""Engine configs, trial manifests and plans (the grid and random designs; quasi-random lives in
-the coordinator, which has scipy).
+"""Engine configs, trial manifests and plans: :func:`plan_configs` turns the configs a design chose
+(``coordinator.planning``, the planners) into batches of trial manifests.
 
 A :class:`TrialManifest` is frozen canonical JSON; its sha256 is the trial id. It names the model
 by what it is (``tiny`` + generator version, a hub id + revision, or a local model's folder name +
@@ -21,14 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from servetune.canonical import drop_added_defaults, sha256_json
 from servetune.spec import (
     DERIVED_MARK,
-    MAX_GRID_CONFIGS,
     MAX_MODEL_CONFIG_BYTES,
     EngineArgs,
-    EngineSpace,
     ExperimentSpec,
     LoadPoint,
     ModelSpec,
-    config_key,
 )
 from servetune.tiny import tiny_identity
 from servetune.yamlsafe import read_regular_file
@@ -262,7 +259,8 @@ def sweep_parent(name: str) -> str | None:
 
 
 def plan_grid(spec: ExperimentSpec) -> Plan:
-    """The grid design: every config x load point x repeat, one batch per (config, repeat).
+    """Every config x load point x repeat, one batch per (config, repeat): the grid design's plan
+    (``coordinator.planning`` holds the designs; this is the plan of a spec without one).
 
     With ``planner.randomize`` the batch order and the load-point order inside each batch are
     shuffled under ``planner.seed``; the order is part of the plan and recorded with the results.
@@ -270,60 +268,6 @@ def plan_grid(spec: ExperimentSpec) -> Plan:
     """
     configs = [EngineConfig(args=a, env=e) for a, e in spec.engine.expand()]
     return plan_configs(spec, configs, design="grid")
-
-
-def sample_count(spec: ExperimentSpec, n_available: int) -> tuple[int, tuple[str, ...]]:
-    """How many configs a sampled design takes from ``n_available``: ``planner.n_configs``, or all
-    of them (with a note saying so) when it asks for more than the engine space holds."""
-    wanted = spec.planner.n_configs
-    if wanted is None:
-        raise ValueError(f"planner.kind {spec.planner.kind!r} needs planner.n_configs")
-    if wanted > n_available:
-        note = (f"planner.n_configs ({wanted}) exceeds the {n_available} engine config(s) the engine space "
-                "describes: all of them are planned")
-        return n_available, (note,)
-    return wanted, ()
-
-
-def plan_random(spec: ExperimentSpec) -> Plan:
-    """The random design: ``planner.n_configs`` engine configs drawn uniformly at random, without
-    replacement, from those :meth:`~servetune.spec.EngineSpace.expand` yields (seeded by
-    ``planner.seed``), kept in the engine space's order; then planned like :func:`plan_grid`.
-
-    A space larger than :data:`~servetune.spec.MAX_GRID_CONFIGS` is never listed: indices are
-    drawn from its :meth:`~servetune.spec.EngineSpace.size` and each config built alone."""
-    space = spec.engine
-    picker = random.Random(f"servetune-random-design:{spec.planner.seed}")
-    if space.size() > MAX_GRID_CONFIGS:
-        n, notes = sample_count(spec, space.size())
-        picked = sample_large_space(space, n, picker)
-        return plan_configs(spec, [EngineConfig(args=a, env=e) for a, e in picked], design="random", notes=notes)
-    everything = [EngineConfig(args=a, env=e) for a, e in space.expand()]
-    n, notes = sample_count(spec, len(everything))
-    chosen = sorted(picker.sample(range(len(everything)), n))
-    return plan_configs(spec, [everything[i] for i in chosen], design="random", notes=notes)
-
-
-def sample_large_space(space: EngineSpace, n: int, picker: random.Random) -> list[tuple[EngineArgs, dict[str, str]]]:
-    """``n`` distinct configs of a space too large to list, drawn uniformly by index under
-    ``picker`` (indices naming a config already drawn, which only explicit configs can, are
-    drawn again), in the engine space's order."""
-    size = space.size()
-    chosen: dict[str, tuple[int, tuple[EngineArgs, dict[str, str]]]] = {}
-    drawn: set[int] = set()
-    for index in picker.sample(range(size), n):
-        drawn.add(index)
-        config = space.config_by_index(index)
-        chosen.setdefault(config_key(*config), (index, config))
-    tries = 0
-    while len(chosen) < n and len(drawn) < size and tries < 100 * n:
-        tries += 1
-        index = picker.randrange(size)
-        if index not in drawn:
-            drawn.add(index)
-            config = space.config_by_index(index)
-            chosen.setdefault(config_key(*config), (index, config))
-    return [config for _, config in sorted(chosen.values(), key=lambda item: item[0])]
 
 
 def for_target(trials: tuple[TrialManifest, ...], target: str | None) -> tuple[TrialManifest, ...]:

@@ -6,8 +6,8 @@ Every problem is reported at once as a :class:`~servetune.errors.SpecIssue` with
 
 Sections: ``name``, ``model``, ``engine`` (typed vLLM engine args, fixed and swept, plus server
 environment variables), ``load_points``, ``slos``, ``ranking``, ``repeats``, ``baseline``,
-``planner`` (design ``grid``, ``random`` or ``quasi-random``, ``n_configs``, order randomised under
-a ``seed``), ``budgets``, ``backend``, and the optional ``gpu_hour_prices`` (hardware class, as
+``planner`` (design ``grid``, ``random``, ``quasi-random`` or the adaptive ``optuna``, their options,
+order randomised under a ``seed``), ``budgets``, ``backend``, and the optional ``gpu_hour_prices`` (hardware class, as
 ``daemon/fingerprint.py``'s ``hardware_class`` names it, -> US dollars per GPU-hour, each > 0; the
 analysis uses them for per-cost figures and says so when none are given), and the optional ``hardware``
 (the classes measured and declared failover: :mod:`servetune.hardware`). See
@@ -545,9 +545,26 @@ class BaselineSpec(StrictModel):
     load_points: list[Name] | None = Field(None, description="subset of load point names; default all")
 
 
-PlannerKind = Literal["grid", "random", "quasi-random"]
+#: The planner kinds (the vocabulary) with the planner keys each takes besides ``kind``,
+#: ``randomize`` and ``seed``, and which of them it requires. ``coordinator.planning`` registers one
+#: planner per kind (its registry and this table are held together by ``tests/test_planners.py``).
+PLANNER_OPTIONS: dict[str, dict[str, bool]] = {
+    "grid": {},
+    "random": {"n_configs": True},
+    "quasi-random": {"n_configs": True},
+    "optuna": {"n_trials": True, "sampler": False, "batch": False},
+}
 #: Designs that sample ``n_configs`` engine configs from the engine space instead of taking them all.
-SAMPLED_DESIGNS: tuple[str, ...] = ("random", "quasi-random")
+SAMPLED_DESIGNS: tuple[str, ...] = tuple(k for k, opts in PLANNER_OPTIONS.items() if "n_configs" in opts)
+#: Designs that choose configs on the grid's axes (explicit ``engine.configs`` are not on them).
+AXIS_DESIGNS: tuple[str, ...] = ("quasi-random", "optuna")
+OptunaSampler = Literal["tpe", "gp", "nsga2"]
+_OPTION_PURPOSE = {
+    "n_configs": "how many engine configs to sample",
+    "n_trials": "how many engine configs to measure",
+    "sampler": "the Optuna sampler",
+    "batch": "how many engine configs to ask for at once",
+}
 
 
 class PlannerSpec(StrictModel):
@@ -557,29 +574,46 @@ class PlannerSpec(StrictModel):
     uniformly at random without replacement under ``seed``. ``quasi-random``: ``n_configs``
     distinct configs from a scrambled Sobol sequence (seeded) over the grid's axes (``engine.grid``
     and ``engine.env_grid``, each value list mapped to equal slices of [0, 1)). Asking for more
-    configs than the space holds plans all of them (with a note). ``randomize`` shuffles the batch
-    order and the load points inside each batch under ``seed``.
+    configs than the space holds plans all of them (with a note). ``optuna``: an adaptive design,
+    ``n_trials`` distinct configs on the grid's axes chosen by an Optuna ``sampler`` (``tpe``
+    (default), ``gp`` or ``nsga2``) from the results so far, ``batch`` (default 1) at a time, under
+    ``seed`` (``coordinator.planning.adaptive``). ``randomize`` shuffles the batch order and the
+    load points inside each batch under ``seed``.
     """
 
-    kind: PlannerKind = "grid"
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=40)] = "grid"
     n_configs: int | None = Field(
         None, ge=1, le=MAX_GRID_CONFIGS, validate_default=True, description="random / quasi-random: how many engine configs to sample"
     )
+    n_trials: int | None = Field(None, ge=1, le=MAX_GRID_CONFIGS, validate_default=True,
+                                 description="optuna: how many distinct engine configs to measure")
+    sampler: OptunaSampler | None = Field(None, validate_default=True, description="optuna: tpe (default), gp or nsga2")
+    batch: int | None = Field(None, ge=1, le=256, validate_default=True,
+                              description="optuna: engine configs asked for at once (one per daemon); default 1")
     randomize: bool = True
     seed: int = Field(0, ge=0)
 
-    @field_validator("n_configs")
+    @field_validator("kind")
     @classmethod
-    def _n_configs_for_kind(cls, value: int | None, info: ValidationInfo) -> int | None:
+    def _known_kind(cls, value: str) -> str:
+        if value not in PLANNER_OPTIONS:
+            raise ValueError(f"unknown planner kind {value!r}; known kinds: {', '.join(sorted(PLANNER_OPTIONS))}")
+        return value
+
+    @field_validator("n_configs", "n_trials", "sampler", "batch")
+    @classmethod
+    def _option_for_kind(cls, value: Any, info: ValidationInfo) -> Any:
         kind = info.data.get("kind")
         if kind is None:
             return value  # kind itself was refused: that is the error to report
-        if kind in SAMPLED_DESIGNS and value is None:
-            raise ValueError(f"planner.n_configs is required when planner.kind is {kind!r} "
-                             "(how many engine configs to sample)")
-        if kind == "grid" and value is not None:
-            raise ValueError("planner.n_configs only applies to planner.kind 'random' or 'quasi-random'; "
-                             "the grid design runs every config (leave n_configs out)")
+        name = str(info.field_name)
+        takes = PLANNER_OPTIONS[kind]
+        if name in takes and takes[name] and value is None:
+            raise ValueError(f"planner.{name} is required when planner.kind is {kind!r} ({_OPTION_PURPOSE[name]})")
+        if name not in takes and value is not None:
+            users = " or ".join(repr(k) for k, opts in PLANNER_OPTIONS.items() if name in opts)
+            why = "; the grid design runs every config" if kind == "grid" else ""
+            raise ValueError(f"planner.{name} only applies to planner.kind {users}{why} (leave {name} out)")
         return value
 
 
@@ -721,6 +755,7 @@ class ExperimentSpec(StrictModel):
 #: Spec fields added after the first experiments were recorded, with their defaults (dotted paths
 #: into the JSON dump): left out of the spec hash while they hold them. Add every new field here.
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None, "backend.profile": None,
+                                         "planner.n_trials": None, "planner.sampler": None, "planner.batch": None,
                                          "backend.model_shape": None, "backend.noise": None,
                                          "hardware": None, "hardware.co_tenancy": False, "hardware.groups": []}
 #: Spec fields removed since, with the value every spec that can still load held (their old
@@ -956,10 +991,13 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                                               "engine args and env cannot be applied; leave `engine` out"))
         if spec.baseline is not None:
             issues.append(SpecIssue("baseline", "a baseline engine config needs backend 'vllm'"))
-    if spec.planner.kind == "quasi-random" and spec.engine.configs:
-        issues.append(SpecIssue("engine.configs", "planner.kind 'quasi-random' samples the grid's axes "
+    if spec.planner.kind in AXIS_DESIGNS and spec.engine.configs:
+        verb = "samples" if spec.planner.kind == "quasi-random" else "searches"
+        issues.append(SpecIssue("engine.configs", f"planner.kind {spec.planner.kind!r} {verb} the grid's axes "
                                 "(engine.grid, engine.env_grid); explicit configs are not on them: move them "
                                 "into engine.grid or use planner.kind 'random'"))
+    if spec.planner.kind == "optuna":
+        issues += _adaptive_issues(spec)
     size = spec.engine.size()
     if size > MAX_GRID_CONFIGS and spec.planner.kind == "grid":
         axes = " x ".join(f"{len(v)} {name}" for name, v in spec.engine.unique_axes())
@@ -1025,6 +1063,26 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
 #: compare against bounds, so a space's smallest and largest values find every refused combination.
 _RULE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
               "tensor_parallel_size")
+
+
+def _adaptive_issues(spec: ExperimentSpec) -> list[SpecIssue]:
+    """What the adaptive design (``planner.kind: optuna``) does not take yet: it searches the grid's
+    axes, and scores a config once all its trials are in (no baseline, rate sweep or hardware targets)."""
+    issues: list[SpecIssue] = []
+    if not spec.engine.axes():
+        issues.append(SpecIssue("engine.grid", "planner.kind 'optuna' searches the grid's axes: give engine.grid "
+                                               "or engine.env_grid at least one swept value list"))
+    if spec.baseline is not None:
+        issues.append(SpecIssue("baseline", "planner.kind 'optuna' does not interleave baseline runs yet: "
+                                            "leave baseline out or use a grid, random or quasi-random design"))
+    for i, lp in enumerate(spec.load_points):
+        if lp.rate_sweep is not None:
+            issues.append(SpecIssue(f"load_points[{i}].rate_sweep", "planner.kind 'optuna' scores fixed load "
+                                                                   "points only: give request_rate or max_concurrency"))
+    if spec.hardware is not None:
+        issues.append(SpecIssue("hardware", "planner.kind 'optuna' does not plan per hardware target yet: "
+                                            "leave hardware out or use a grid, random or quasi-random design"))
+    return issues
 
 
 def _representatives(space: EngineSpace) -> list[tuple[EngineArgs, dict[str, str]]]:

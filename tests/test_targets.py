@@ -104,7 +104,8 @@ def test_no_section_keeps_spec_hash_and_trial_ids() -> None:
     dump = spec.model_dump(mode="json")
     assert dump.pop("hardware") is None
     dump.pop("gpu_hour_prices")
-    dump["planner"].pop("n_configs")
+    for key in ("n_configs", "n_trials", "sampler", "batch"):
+        dump["planner"].pop(key)
     for key in ("profile", "model_shape", "noise"):
         dump["backend"].pop(key)
     dump["backend"].update(python=None, launch=None)
