@@ -20,8 +20,11 @@ build (DESIGN.md's measured 44 s), :data:`GPU_START_BASE_S` plus the weights rea
 :data:`WEIGHT_LOAD_BYTES_S` on a GPU; each trial adds :data:`TRIAL_OVERHEAD_S` to its simulated
 duration (warm-up included); a config that fails still pays its start; GPU hours are the batch's
 wall time times its ``tensor_parallel_size``. Repeats are planned and costed but simulated once
-(noiseless repeats are identical); rate-sweep follow-ups, decided from measured results, are not
-simulated (counted in the notes).
+(noiseless repeats are identical). A rate sweep's ``@sync`` and ``@max`` seeds are played like any
+load point, then the follow-up rates the sweep would choose from their simulated throughputs
+(:func:`servetune.manifest.rate_sweep_next`, the sweep's rule), each ranked as its own load point
+and costed as the sweep adds them: one more server start per batch and rate sweep. ``--json``
+prints the same preview as one document (:mod:`coordinator.preview_json`).
 
 The simulation runs in ``python -m daemon.sim_preview`` (a child process: the coordinator never
 imports the daemon, whose request planning the simulator shares); no daemon and no server start.
