@@ -20,8 +20,11 @@ build (DESIGN.md's measured 44 s), :data:`GPU_START_BASE_S` plus the weights rea
 :data:`WEIGHT_LOAD_BYTES_S` on a GPU; each trial adds :data:`TRIAL_OVERHEAD_S` to its simulated
 duration (warm-up included); a config that fails still pays its start; GPU hours are the batch's
 wall time times its ``tensor_parallel_size``. Repeats are planned and costed but simulated once
-(noiseless repeats are identical); rate-sweep follow-ups, decided from measured results, are not
-simulated (counted in the notes).
+(noiseless repeats are identical). A rate sweep's ``@sync`` and ``@max`` seeds are played like any
+load point, then the follow-up rates the sweep would choose from their simulated throughputs
+(:func:`servetune.manifest.rate_sweep_next`, the sweep's rule), each ranked as its own load point
+and costed as the sweep adds them: one more server start per batch and rate sweep. ``--json``
+prints the same preview as one document (:mod:`coordinator.preview_json`).
 
 The simulation runs in ``python -m daemon.sim_preview`` (a child process: the coordinator never
 imports the daemon, whose request planning the simulator shares); no daemon and no server start.
@@ -44,10 +47,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator.planning import plan_experiment
-from servetune.manifest import Plan, swept_names
+from servetune.manifest import Plan, sweep_parent, swept_names
 from servetune.ranking import RankedConfig, TrialSummary, rank
 from servetune.sim.profiles import GIB, PROFILE_NAMES, SHAPE_NAMES, get_profile, get_shape
-from servetune.spec import BackendSpec, ExperimentSpec
+from servetune.spec import BackendSpec, ExperimentSpec, RankingPolicy
 
 SIMULATED = "SIMULATED"
 #: seconds one server start costs, by kind of profile (assumptions; see the module docstring)
@@ -90,6 +93,15 @@ class TargetPreview:
     gpu_hours: float
     cost_usd: float | None
     notes: list[str] = field(default_factory=list)
+    #: trials the plan runs (repeats counted), and the follow-ups its rate sweeps would add
+    trials: int = 0
+    followup_trials: int = 0
+    followup_starts: int = 0
+    #: per config and rate sweep: ``config_id``, ``config_label``, ``load_point`` (the spec's), ``sync_rps``,
+    #: ``max_rps`` and the follow-up ``rates`` the sweep would choose from them (empty: it adds none)
+    rate_sweeps: list[dict[str, Any]] = field(default_factory=list)
+    #: follow-up load point name -> the spec's rate-sweep load point it comes from
+    followup_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_gpu(self) -> bool:
@@ -187,7 +199,8 @@ def _job(spec: ExperimentSpec, plan: Plan, target: PreviewTarget) -> dict[str, A
                 points.append({"config_id": b.config_id, "load_point": t.load_point.model_dump(mode="json")})
     return {"backend": backend.model_dump(mode="json"), "slos": [s.model_dump(mode="json") for s in spec.slos],
             "deadline_s": spec.budgets.trial_timeout_s, "drain_timeout_s": spec.budgets.drain_timeout_s,
-            "configs": configs, "points": points, "tiny_model": spec.model.source == "tiny"}
+            "configs": configs, "points": points, "tiny_model": spec.model.source == "tiny",
+            "rate_sweeps": [lp.model_dump(mode="json") for lp in spec.load_points if lp.rate_sweep is not None]}
 
 
 def simulate(jobs: Sequence[dict[str, Any]], timeout_s: float = CHILD_TIMEOUT_S) -> list[dict[str, Any]]:
@@ -221,27 +234,49 @@ def _start_s(target: PreviewTarget, tp: int) -> float:
 
 
 def build_preview(spec: ExperimentSpec, plan: Plan, target: PreviewTarget, answer: dict[str, Any]) -> TargetPreview:
-    """Rank, front and cost of one target from the simulator's ``answer`` (see :mod:`daemon.sim_preview`)."""
+    """Rank, front and cost of one target from the simulator's ``answer`` (see :mod:`daemon.sim_preview`).
+
+    Rate sweeps: each batch whose config played both seeds gets the follow-up load points the
+    simulator chose with the sweep's rule, as the sweep adds them: one more server start per batch
+    and rate sweep, its trials ranked per load point like any other."""
     batches = [b for b in plan.batches if b.hardware_target == target.label or target.label is None]
     configs = {b.config_id: b.config for b in batches}
     swept = swept_names(configs.values()) or None
     by_point = {(p["config_id"], p["load_point"]): p for p in answer["points"] if "skipped" not in p}
     skipped = {p["load_point"]: p["skipped"] for p in answer["points"] if "skipped" in p}
+    followups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in answer["points"]:
+        if p.get("followup_of") and "skipped" not in p:
+            followups.setdefault((p["config_id"], p["followup_of"]), []).append(p)
     summaries = []
     wall = gpu_h = 0.0
+    followup_trials = followup_starts = 0
     for b in batches:
         tp = b.config.args.tensor_parallel_size or 1
         batch_s = _start_s(target, tp)
         err = answer["configs"][b.config_id].get("error")
+        label = b.config.label(swept)
         for t in b.trials:
             p = by_point.get((b.config_id, t.load_point.name))
             if p is not None:
                 batch_s += p["sim_s"] + TRIAL_OVERHEAD_S
             summaries.append(TrialSummary(
-                trial_id=t.trial_id, config_id=b.config_id, config_label=b.config.label(swept),
+                trial_id=t.trial_id, config_id=b.config_id, config_label=label,
                 load_point=t.load_point.name, status="failed" if err else ("ok" if p else "hole"),
                 failure_kind="measurement" if err else None, metrics=p["metrics"] if p else {},
                 is_baseline=b.is_baseline))
+        for parent in dict.fromkeys(sweep_parent(t.load_point.name) for t in b.trials):
+            points = followups.get((b.config_id, parent or ""), [])
+            if not points:
+                continue
+            followup_starts += 1
+            follow_s = _start_s(target, tp) + sum(p["sim_s"] + TRIAL_OVERHEAD_S for p in points)
+            batch_s += follow_s
+            followup_trials += len(points)
+            summaries += [TrialSummary(trial_id=f"{b.index}:{p['load_point']}", config_id=b.config_id,
+                                       config_label=label, load_point=p["load_point"], status="ok",
+                                       failure_kind=None, metrics=p["metrics"], is_baseline=b.is_baseline)
+                          for p in points]
         wall += batch_s
         gpu_h += batch_s * tp / 3600
     ranked = rank(summaries, spec.ranking)
@@ -254,19 +289,37 @@ def build_preview(spec: ExperimentSpec, plan: Plan, target: PreviewTarget, answe
     notes = [f"profile {target.profile} from {target.why}; model shape {target.shape}"]
     notes += [f"load point {lp} not simulated (a hole in the preview, not in the cost): {why}"
               for lp, why in skipped.items()]
-    followups = sum(plan.followups_per_batch(b) for b in batches)
-    if followups:
-        notes.append(f"{followups} rate-sweep follow-up trial(s) are decided from measured results: not simulated, "
-                     "not in the cost")
+    sweeps = [{**s, "config_label": configs[s["config_id"]].label(swept)} for s in answer.get("rate_sweeps", [])]
+    for s in sweeps:
+        if not s["rates"]:
+            notes.append(f"rate sweep {s['load_point']} of {s['config_label']}: @max request throughput "
+                         f"({s['max_rps']:.3g}/s) is not above @sync ({s['sync_rps']:.3g}/s), so the sweep adds no "
+                         "follow-up load point")
+    if followup_trials:
+        notes.append(f"{followup_trials} rate-sweep follow-up trial(s) in {followup_starts} more server start(s), at "
+                     "the rates the sweep would choose from the simulated @sync and @max throughputs (measured "
+                     "ones will differ): simulated and in the cost")
     if spec.repeats > 1:
         notes.append(f"{spec.repeats} repeats planned and costed; simulated once (noiseless repeats are identical)")
     if not is_gpu and prof.kv_cache_bytes:
         notes.append(f"CPU KV cache: VLLM_CPU_KVCACHE_SPACE GiB (unset: {prof.kv_cache_bytes / GIB:g} GiB)")
     return TargetPreview(target=target, calibration=answer["calibration"], ranked=ranked, fronts=fronts,
-                         failures=failures, server_starts=len(batches), wall_s=wall,
+                         failures=failures, server_starts=len(batches) + followup_starts, wall_s=wall,
                          gpu_hours=gpu_h if is_gpu else 0.0,
                          cost_usd=gpu_h * price if (price is not None and is_gpu) else None,
-                         notes=notes)
+                         notes=notes, trials=sum(len(b.trials) for b in batches), followup_trials=followup_trials,
+                         followup_starts=followup_starts, rate_sweeps=sweeps,
+                         followup_of={p["load_point"]: p["followup_of"] for p in answer["points"]
+                                      if p.get("followup_of")})
+
+
+def expected_winner(rows: Sequence[RankedConfig], policy: RankingPolicy) -> RankedConfig | None:
+    """The config a sweep would pick at one load point: the top row if it has data and (when the
+    policy requires it) meets every SLO; None when no config is expected to."""
+    best = rows[0] if rows else None
+    if best is not None and best.n_ok and (not policy.require_slos or best.slos_met is not False):
+        return best
+    return None
 
 
 def preview(spec: ExperimentSpec, profile: str | None = None, shape: str | None = None) -> list[TargetPreview]:
@@ -292,6 +345,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def _status(r: RankedConfig) -> str:
+    return r.status if not r.failure else f"would fail ({r.failure})"
+
+
+def _slos(r: RankedConfig) -> str:
+    return "-" if r.slos_met is None else ("met" if r.slos_met else "missed")
+
+
 def print_preview(spec: ExperimentSpec, previews: Sequence[TargetPreview], console: Console) -> None:
     """The preview for a person: every table and line labelled SIMULATED with its profile."""
 
@@ -302,10 +363,26 @@ def print_preview(spec: ExperimentSpec, previews: Sequence[TargetPreview], conso
     slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos) or "none"
     say(f"{SIMULATED} preview of {spec.name}: noiseless expected values from the simulated vLLM, not "
                   "measurements; no server was started and nothing was written")
+
+    def verdict(pv: TargetPreview, lp: str, rows: Sequence[RankedConfig]) -> None:
+        best = expected_winner(rows, spec.ranking)
+        if best is not None:
+            say(f"{SIMULATED} expected winner at {lp} on {pv.target.profile}: {best.config_label} "
+                f"({_fmt(best.values.get(objective))} {objective})")
+        else:
+            rest = rows[0] if rows and rows[0].n_ok else None
+            say(f"{SIMULATED} at {lp} on {pv.target.profile}: no config is expected to meet every SLO"
+                + (f"; best of the rest: {rest.config_label}" if rest is not None else ""))
+        front_text = ", ".join(f"{r.config_label} ({_fmt(r.values.get(objective))}, "
+                               f"{_fmt(r.values.get('ttft_p99_ms'))} ms)" for r in pv.fronts.get(lp, []))
+        say(f"{SIMULATED} front ({objective} vs TTFT p99) at {lp}: {front_text or 'none'}")
+
     for pv in previews:
         where = f" for hardware target {pv.target.label}" if pv.target.label else ""
         say(f"\n{pv.heading()}{where}: model shape {pv.target.shape}")
         for lp, rows in pv.ranked.items():
+            if lp in pv.followup_of:
+                continue
             front = {r.config_id for r in pv.fronts.get(lp, [])}
             table = Table(title=escape(f"{SIMULATED} {pv.target.profile} load point {lp}: ranked by {objective}"),
                           caption=escape(f"SLOs: {slo_text}; {pv.calibration}"))
@@ -313,40 +390,51 @@ def print_preview(spec: ExperimentSpec, previews: Sequence[TargetPreview], conso
                 table.add_column(col)
             for r in rows[:MAX_ROWS]:
                 v = r.values
-                slos = "-" if r.slos_met is None else ("met" if r.slos_met else "missed")
                 table.add_row(str(r.rank), escape(r.config_label), _fmt(v.get("output_throughput")),
                               _fmt(v.get("request_throughput"), 2), _fmt(v.get("ttft_p99_ms")),
-                              _fmt(v.get("tpot_p99_ms")), slos, "*" if r.config_id in front else "",
-                              r.status if not r.failure else f"would fail ({r.failure})")
+                              _fmt(v.get("tpot_p99_ms")), _slos(r), "*" if r.config_id in front else "", _status(r))
             console.print(table)
             if len(rows) > MAX_ROWS:
                 say(f"({len(rows) - MAX_ROWS} more configs not shown)")
-            best = rows[0] if rows else None
-            meets = best is not None and best.n_ok and (not spec.ranking.require_slos or best.slos_met is not False)
-            if best is not None and meets:
-                say(f"{SIMULATED} expected winner at {lp} on {pv.target.profile}: {best.config_label} "
-                              f"({_fmt(best.values.get(objective))} {objective})")
-            else:
-                say(f"{SIMULATED} at {lp} on {pv.target.profile}: no config is expected to meet every SLO"
-                              + (f"; best of the rest: {best.config_label}" if best is not None and best.n_ok else ""))
-            front_text = ", ".join(f"{r.config_label} ({_fmt(r.values.get(objective))}, "
-                                   f"{_fmt(r.values.get('ttft_p99_ms'))} ms)" for r in pv.fronts.get(lp, []))
-            say(f"{SIMULATED} front ({objective} vs TTFT p99) at {lp}: {front_text or 'none'}")
+            verdict(pv, lp, rows)
+        for parent in dict.fromkeys(s["load_point"] for s in pv.rate_sweeps):
+            followups = [lp for lp, of in pv.followup_of.items() if of == parent and lp in pv.ranked]
+            if followups:
+                table = Table(title=escape(f"{SIMULATED} {pv.target.profile} rate sweep {parent}: the follow-up load "
+                                           "points the sweep would add"),
+                              caption=escape(f"rates from the simulated @sync and @max throughputs; SLOs: {slo_text}; "
+                                             f"{pv.calibration}"))
+                for col in ("load point", "rank", "engine config", "out tok/s", "req/s", "TTFT p99", "TPOT p99",
+                            "SLOs"):
+                    table.add_column(col)
+                for lp in followups:
+                    for r in pv.ranked[lp]:
+                        v = r.values
+                        table.add_row(escape(lp), str(r.rank), escape(r.config_label),
+                                      _fmt(v.get("output_throughput")), _fmt(v.get("request_throughput"), 2),
+                                      _fmt(v.get("ttft_p99_ms")), _fmt(v.get("tpot_p99_ms")), _slos(r))
+                console.print(table)
+            for lp in followups:
+                verdict(pv, lp, pv.ranked[lp])
         for label, reason in pv.failures.items():
             say(f"{SIMULATED} would not start on {pv.target.profile}: {label}: {reason}")
         cost = f"; ${pv.cost_usd:,.2f} at the spec's price" if pv.cost_usd is not None else ""
         gpu = (f"{pv.gpu_hours:.2f} GPU-hours{cost}" if pv.is_gpu else "no GPU-hours (CPU profile)")
         start = ("server start assumed " + (f"{CPU_START_S:g} s" if not pv.is_gpu else
                  f"{GPU_START_BASE_S:g} s + weights at {WEIGHT_LOAD_BYTES_S / 1e9:g} GB/s"))
-        say(f"{SIMULATED} cost on {pv.target.profile}: {pv.server_starts} server starts, about "
-                      f"{_duration(pv.wall_s)} wall-clock, {gpu} ({start}, {TRIAL_OVERHEAD_S:g} s per trial)")
+        follow = (f" ({pv.followup_starts} for {pv.followup_trials} rate-sweep follow-up trials)"
+                  if pv.followup_starts else "")
+        say(f"{SIMULATED} cost on {pv.target.profile}: {pv.server_starts} server starts{follow}, about "
+            f"{_duration(pv.wall_s)} wall-clock, {gpu} ({start}, {TRIAL_OVERHEAD_S:g} s per trial)")
         for note in pv.notes:
             say(f"note: {note}")
     say(f"{SIMULATED}: a preview is a model's expectation, never a measurement: measure before deciding")
 
 
-def run_preview(spec: ExperimentSpec, profile: str | None, shape: str | None) -> int:
-    """The ``--preview`` command: print the preview; 2 on bad input (naming the key), 1 if the simulator fails."""
+def run_preview(spec: ExperimentSpec, profile: str | None, shape: str | None, as_json: bool = False) -> int:
+    """The ``--preview`` command: print the preview (``as_json``: the JSON document of
+    :mod:`coordinator.preview_json`, whole or nothing on stdout); 2 on bad input (naming the key),
+    1 if the simulator fails."""
     from coordinator.summary import output_console
     from servetune.exitcodes import ExitCode
 
@@ -358,5 +446,10 @@ def run_preview(spec: ExperimentSpec, profile: str | None, shape: str | None) ->
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print_preview(spec, previews, output_console())
+    if as_json:
+        from coordinator.preview_json import preview_document, write_document
+
+        write_document(preview_document(spec, previews))
+    else:
+        print_preview(spec, previews, output_console())
     return 0

@@ -71,8 +71,7 @@ from servetune.manifest import (
     Plan,
     PlannedBatch,
     TrialManifest,
-    rate_sweep_followups,
-    rate_sweep_rates,
+    rate_sweep_next,
     sweep_parent,
     swept_names,
 )
@@ -234,11 +233,9 @@ def expand_rate_sweeps(
         a, b = latest.get(sync.trial_id), latest.get(top.trial_id)
         if a is None or b is None or a.status != "ok" or b.status != "ok" or not a.metrics or not b.metrics:
             continue
-        sweep = sweeps[parent].rate_sweep
-        assert sweep is not None
-        rates = rate_sweep_rates(float(a.metrics["request_throughput"]), float(b.metrics["request_throughput"]),
-                                 sweep.num_rates)
-        manifests = [top.model_copy(update={"load_point": lp}) for lp in rate_sweep_followups(sweeps[parent], rates)]
+        followups = rate_sweep_next(sweeps[parent], float(a.metrics["request_throughput"]),
+                                    float(b.metrics["request_throughput"]))
+        manifests = [top.model_copy(update={"load_point": lp}) for lp in followups]
         if not manifests:
             log.warning("rate sweep %s of batch %d: max throughput is not above synchronous; no follow-ups",
                         parent, index)

@@ -15,6 +15,13 @@ is the expected value with the noise off (:func:`daemon.sim_backend.expected_tri
 datasets count prompt tokens with the tiny model's tokenizer when the spec serves it and this node has
 generated it, else at about 4 characters per token; a point that cannot be planned without a
 tokenizer (ShareGPT) is answered ``{"config_id", "load_point", "skipped": why}``.
+
+Rate sweeps (``rate_sweeps``: the spec's load points with a ``rate_sweep``; ``points`` carry their
+``@sync`` and ``@max`` seeds): where a config played both seeds, the follow-up load points the sweep
+would add from their request throughputs (:func:`servetune.manifest.rate_sweep_next`, the sweep's own
+rule) are played too, as points with ``followup_of`` (the spec's load point) and ``request_rate``;
+``rate_sweeps`` in the answer lists, per config and sweep, ``sync_rps``, ``max_rps`` and the ``rates``
+chosen (empty: the maximum is not above the synchronous, so the sweep adds none).
 """
 
 from __future__ import annotations
@@ -29,10 +36,10 @@ from daemon.datasets import DatasetError
 from daemon.serverlog import classify_failure
 from daemon.sim_backend import expected_trial, sim_server
 from daemon.tiny_model import default_cache_dir
-from servetune.manifest import EngineConfig
+from servetune.manifest import EngineConfig, rate_sweep_next
 from servetune.sim.engine import SimStartError
 from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, get_profile
-from servetune.spec import SLO, BackendSpec, LoadPoint
+from servetune.spec import DERIVED_MARK, SLO, BackendSpec, LoadPoint
 
 
 class PreviewPoint(BaseModel):
@@ -54,6 +61,8 @@ class PreviewTargetJob(BaseModel):
     configs: dict[str, EngineConfig]
     points: list[PreviewPoint]
     tiny_model: bool = Field(False, description="the spec serves the tiny model: use its tokenizer if this node has it")
+    rate_sweeps: list[LoadPoint] = Field(default_factory=list,
+                                         description="the spec's rate-sweep load points (their seeds are in points)")
 
 
 class PreviewJob(BaseModel):
@@ -78,22 +87,40 @@ def preview_target(job: PreviewTargetJob) -> dict[str, Any]:
     if job.tiny_model and (default_cache_dir() / "tokenizer.json").is_file():
         tokenizer = str(default_cache_dir() / "tokenizer.json")
     points: list[dict[str, Any]] = []
-    for p in job.points:
-        server = servers.get(p.config_id)
+
+    def play(config_id: str, lp: LoadPoint, extra: dict[str, Any]) -> dict[str, Any] | None:
+        server = servers.get(config_id)
         if server is None:
-            continue
+            return None
         try:
-            metrics, sim_s = expected_trial(server, backend, p.load_point, job.slos, server.shape.vocab_size,
+            metrics, sim_s = expected_trial(server, backend, lp, job.slos, server.shape.vocab_size,
                                             job.deadline_s, job.drain_timeout_s, tokenizer_path=tokenizer)
         except DatasetError as exc:  # e.g. a ShareGPT file whose lengths need a tokenizer this node lacks
-            points.append({"config_id": p.config_id, "load_point": p.load_point.name, "skipped": str(exc)})
-            continue
-        points.append({"config_id": p.config_id, "load_point": p.load_point.name,
-                       "metrics": metrics.model_dump(mode="json"), "sim_s": sim_s})
+            points.append({"config_id": config_id, "load_point": lp.name, "skipped": str(exc), **extra})
+            return None
+        point = {"config_id": config_id, "load_point": lp.name, "metrics": metrics.model_dump(mode="json"),
+                 "sim_s": sim_s, **extra}
+        points.append(point)
+        return point
+
+    played = {(p.config_id, p.load_point.name): play(p.config_id, p.load_point, {}) for p in job.points}
+    sweeps: list[dict[str, Any]] = []
+    for parent in job.rate_sweeps:
+        for cid in servers:
+            sync, top = (played.get((cid, f"{parent.name}{DERIVED_MARK}{s}")) for s in ("sync", "max"))
+            if sync is None or top is None:
+                continue
+            sync_rps, max_rps = (float(s["metrics"]["request_throughput"]) for s in (sync, top))
+            followups = rate_sweep_next(parent, sync_rps, max_rps)
+            sweeps.append({"config_id": cid, "load_point": parent.name, "sync_rps": sync_rps, "max_rps": max_rps,
+                           "rates": [lp.request_rate for lp in followups]})
+            for lp in followups:
+                play(cid, lp, {"followup_of": parent.name, "request_rate": lp.request_rate})
     some = next(iter(servers.values()), None)
     profile = some.profile if some is not None else get_profile(backend.profile or DEFAULT_SIM_PROFILE)
     return {"profile": profile.name, "calibration": profile.calibration,
-            "model_shape": backend.model_shape or DEFAULT_SIM_SHAPE, "configs": configs, "points": points}
+            "model_shape": backend.model_shape or DEFAULT_SIM_SHAPE, "configs": configs, "points": points,
+            "rate_sweeps": sweeps}
 
 
 def main(stdin: Any = None, stdout: Any = None) -> int:

@@ -253,6 +253,14 @@ def rate_sweep_followups(lp: LoadPoint, rates: list[float]) -> list[LoadPoint]:
     return [LoadPoint(**base, name=f"{lp.name}{DERIVED_MARK}{rate:g}rps", request_rate=rate) for rate in rates]
 
 
+def rate_sweep_next(lp: LoadPoint, sync_rps: float, max_rps: float) -> list[LoadPoint]:
+    """What a rate sweep adds once one config's ``@sync`` and ``@max`` request throughputs are known:
+    its follow-up load points (none when the maximum is not above the synchronous). The one rule the
+    sweep (:func:`coordinator.sweep.expand_rate_sweeps`) and its preview both apply."""
+    assert lp.rate_sweep is not None
+    return rate_sweep_followups(lp, rate_sweep_rates(sync_rps, max_rps, lp.rate_sweep.num_rates))
+
+
 def sweep_parent(name: str) -> str | None:
     """The spec load point a derived (rate-sweep) load point name comes from, else None."""
     return name.split(DERIVED_MARK, 1)[0] if DERIVED_MARK in name else None

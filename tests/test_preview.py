@@ -145,3 +145,111 @@ def test_profile_resolution_follows_the_spec() -> None:
         """))
     with pytest.raises(PreviewInputError, match="backend.kind 'openai'"):
         preview(openai)
+
+
+RATE_SWEEP_SPEC = """
+name: rs
+model: {source: hub, id: meta-llama/Meta-Llama-3-8B-Instruct}
+engine:
+  fixed: {max_model_len: 2048}
+  grid: {max_num_seqs: [1, 16]}
+load_points:
+  - {name: sweep, rate_sweep: {num_rates: 3, max_concurrency: 64}, num_requests: 64, input_len: 256, output_len: 64}
+  - {name: c8, max_concurrency: 8, num_requests: 32, input_len: 256, output_len: 64}
+slos: [{metric: ttft_ms, percentile: 99, max_ms: 500}]
+repeats: 2
+planner: {kind: grid, randomize: false}
+hardware: {targets: [{hardware_class: 1xH100-80GB}]}
+gpu_hour_prices: {1xH100-80GB: 4.0}
+"""
+
+
+def test_rate_sweeps_are_played_with_the_followups_the_sweep_would_add() -> None:
+    from servetune.manifest import rate_sweep_rates
+
+    spec = parse_spec(RATE_SWEEP_SPEC)
+    plan = plan_experiment(spec)
+    (pv,) = preview(spec)
+    labels = {"max_num_seqs=1", "max_num_seqs=16"}
+    for lp in ("sweep@sync", "sweep@max", "c8"):
+        assert {r.config_label for r in pv.ranked[lp] if r.n_ok} == labels, lp
+    sweeps = {s["config_label"]: s for s in pv.rate_sweeps}
+    assert set(sweeps) == labels, "a config that does not start plays no seed and gets no follow-up"
+    for label, s in sweeps.items():
+        sync = next(r for r in pv.ranked["sweep@sync"] if r.config_label == label).values["request_throughput"]
+        top = next(r for r in pv.ranked["sweep@max"] if r.config_label == label).values["request_throughput"]
+        assert s["sync_rps"] == sync and s["max_rps"] == top
+        assert s["rates"] == rate_sweep_rates(sync, top, 3), "the sweep's own rule picks the rates"
+    # one seat: @max cannot beat @sync, so the sweep adds nothing, and the preview says so
+    assert sweeps["max_num_seqs=1"]["rates"] == []
+    assert any("rate sweep sweep of max_num_seqs=1" in n and "adds no follow-up" in n for n in pv.notes)
+    rates = sweeps["max_num_seqs=16"]["rates"]
+    assert len(rates) == 3
+    for rate in rates:  # each follow-up is its own load point, played open loop at its rate
+        (row,) = pv.ranked[f"sweep@{rate:g}rps"]
+        assert row.config_label == "max_num_seqs=16" and row.n_ok == spec.repeats
+        assert row.values["request_throughput"] == pytest.approx(rate, rel=0.25)
+        assert pv.followup_of[f"sweep@{rate:g}rps"] == "sweep"
+    # cost: one more server start per (batch, rate sweep) that gets follow-ups, as the sweep adds them
+    assert pv.followup_starts == spec.repeats and pv.followup_trials == 3 * spec.repeats
+    assert pv.server_starts == len(plan.batches) + spec.repeats
+    assert pv.trials == len(plan.trials())
+
+
+def _json_and_text(tmp_path: Path, spec_text: str, capsys: pytest.CaptureFixture[str]) -> tuple[dict, str]:
+    import json
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(textwrap.dedent(spec_text))
+    assert main(["sweep", str(path), "--preview", "--json", "--results-root", str(tmp_path / "runs")]) == 0
+    doc = json.loads(capsys.readouterr().out)  # the whole of stdout is one document
+    assert main(["sweep", str(path), "--preview", "--results-root", str(tmp_path / "runs")]) == 0
+    return doc, capsys.readouterr().out
+
+
+def test_preview_json_follows_its_schema_and_says_what_the_text_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import jsonschema
+
+    from coordinator.preview import _duration
+    from coordinator.preview_json import SCHEMA_PATH
+
+    doc, text = _json_and_text(tmp_path, RATE_SWEEP_SPEC, capsys)
+    jsonschema.validate(doc, json.loads(SCHEMA_PATH.read_text()))
+    assert not (tmp_path / "runs").exists()
+    (target,) = doc["targets"]
+    uncal = "uncalibrated (from published specs)"
+    marked = [target, target["cost"], *target["load_points"], *target["failures"], *target["rate_sweeps"]]
+    assert all((m["simulated"], m["profile"], m["calibration"]) == ("SIMULATED", "H100-80G", uncal) for m in marked)
+    kinds = {lp["load_point"]: lp["kind"] for lp in target["load_points"]}
+    assert kinds["c8"] == "planned" and kinds["sweep@sync"] == kinds["sweep@max"] == "rate_sweep_seed"
+    follow = [lp for lp in target["load_points"] if lp["kind"] == "rate_sweep_followup"]
+    assert len(follow) == 3 and all(lp["rate_sweep"] == "sweep" for lp in follow)
+    for lp in target["load_points"]:  # the winner (or its absence) of every load point, as the text states it
+        win = lp["winner"]
+        name = lp["load_point"]
+        if win is not None:
+            assert f"SIMULATED expected winner at {name} on H100-80G: {win['config_label']} (" in text
+        else:
+            assert f"SIMULATED at {name} on H100-80G: no config is expected to meet every SLO" in text
+    assert {lp["load_point"]: (lp["winner"] or {}).get("config_label") for lp in target["load_points"]}["c8"] == \
+        "max_num_seqs=16"
+    for f in target["failures"]:
+        assert f"SIMULATED would not start on H100-80G: {f['config_label']}: {f['reason']}" in text
+    cost = target["cost"]
+    assert (f"SIMULATED cost on H100-80G: {cost['server_starts']} server starts ({cost['followup_server_starts']} for "
+            f"{cost['followup_trials']} rate-sweep follow-up trials), about {_duration(cost['wall_s'])} wall-clock, "
+            f"{cost['gpu_hours']:.2f} GPU-hours; ${cost['cost_usd']:,.2f} at the spec's price") in text
+    assert cost["cost_usd"] == pytest.approx(cost["gpu_hours"] * 4.0)
+
+
+def test_preview_json_on_bad_input_writes_nothing_to_stdout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(REPO / "configs" / "quickstart.yaml")
+    assert main(["sweep", spec, "--preview", "--json", "--profile", "B300"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--profile 'B300' is not a sim profile" in err
+    assert main(["sweep", spec, "--json"]) == 2
+    assert "only apply with --preview" in capsys.readouterr().err

@@ -31,6 +31,8 @@ def register(sub: Any) -> None:
                         "starts, cost); starts nothing and writes nothing")
     p.add_argument("--profile", default=None, help="--preview: the simulated hardware profile (default: the spec's)")
     p.add_argument("--model-shape", default=None, help="--preview: the simulated model shape (default: the spec's)")
+    p.add_argument("--json", action="store_true",
+                   help="--preview: print the preview as one JSON document (coordinator/preview.schema.json)")
     p.add_argument("--resume", action="store_true",
                    help="continue an experiment; CONFIG may be its name or folder (the stored spec is used)")
     p.add_argument("--retry-failed", action="store_true", help="also re-run trials whose last attempt failed")
@@ -93,8 +95,8 @@ def _issue(message: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.profile or args.model_shape) and not args.preview:
-        print("error: --profile and --model-shape only apply with --preview", file=sys.stderr)
+    if (args.profile or args.model_shape or args.json) and not args.preview:
+        print("error: --profile, --model-shape and --json only apply with --preview", file=sys.stderr)
         return ExitCode.USAGE
     if args.preview and args.dry_run:
         print("error: --preview and --dry-run: give one (--preview is the plan on the simulator)", file=sys.stderr)
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if args.preview:
             from coordinator.preview import run_preview
 
-            return run_preview(spec, args.profile, args.model_shape)
+            return run_preview(spec, args.profile, args.model_shape, as_json=args.json)
         settings = fleet_settings(
             args.fleet, bind=args.bind, heartbeat_interval_s=args.heartbeat_interval_s, lease_ttl_s=args.lease_ttl_s,
             lease_grace_s=args.lease_grace_s, daemon_wait_s=args.daemon_wait_s,
