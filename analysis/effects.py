@@ -18,10 +18,13 @@ regression's partial dependence at each grid value (``bands="regression"``), the
 ``change`` from the first to the last grid value (relative when the target is a log) is its
 average marginal effect with its interval, and ``surrogate_estimate`` keeps the forest's PD (the
 shape, which can show interactions and curvature the additive model averages out). Otherwise
-(too few configs, or a two-parameter PD) the curve is the forest's and its bands are built around
-that estimate from ``n_boot`` refits (which resample configs when repeats exist): estimate +- the
-95th percentile of |refit - estimate|, so they hold the estimate, with a ``forest_bands`` caveat
-saying they can miss small effects. Each interval holds its estimate. The 1-D result carries the
+(too few configs) the curve is the forest's and its bands are built around that estimate from
+``n_boot`` refits (which resample configs when repeats exist): estimate +- the 95th percentile of
+|refit - estimate|, so they hold the estimate, with a ``forest_bands`` caveat saying they can miss
+small effects; the ``change`` then has the forest's estimate with NaN bounds and a ``no_interval``
+caveat, as has a two-parameter PD the regression with the pair's products cannot give (its bands
+NaN): the refits' spread of a change or of a 2-D surface under-covers (about 80% at 10 configs, on
+planted data), so no interval is stated for them. Each stated interval holds its estimate. The 1-D result carries the
 parameter's one verdict (:func:`analysis.verdict.parameter_verdicts`, the same as importance
 reports), and a sentence worded as an effect or as an association according to the design
 (:func:`analysis.common.claim_for`) that states the change and the verdict.
@@ -30,6 +33,7 @@ reports), and a sentence worded as an effect or as an association according to t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +43,7 @@ import pandas as pd
 import xarray as xr
 
 from analysis.common import (
+    NO_FOREST_INTERVAL,
     Caveat,
     Claim,
     Interval,
@@ -47,7 +52,6 @@ from analysis.common import (
     claim_for,
     context_of,
     effect_sentence,
-    interval_around,
 )
 from analysis.frame import AnalysisInputError
 from analysis.main_effects import main_effects_from, pair_pd
@@ -77,7 +81,7 @@ class PDResult:
     ``estimate``/``low``/``high`` come from: ``regression`` (the main-effects regression's PD and
     95% intervals; for two parameters the regression with the pair's product columns,
     :func:`analysis.main_effects.pair_pd`) or ``forest`` (the forest's PD with 95% bands around it from its refits, NaN when
-    ``n_boot`` is 0); ``surrogate_estimate`` is always the forest's PD. ``scale`` says what the
+    ``n_boot`` is 0 and always for two parameters: caveat ``no_interval``); ``surrogate_estimate`` is always the forest's PD. ``scale`` says what the
     numbers are (a geometric mean when the target is a log). ``change`` (1-D only) is the change
     from the first to the last grid value with its 95% interval, ``relative`` when it is a ratio
     minus one, and ``p_value`` the regression's joint test of no main effect (None for forest
@@ -197,9 +201,10 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
     regression = eff is not None and len(eff.level_effects) == len(grid)
     pair = pair_pd(sur, cols[0], cols[1], axes[0], axes[1]) if len(cols) == 2 else None
     regression = regression or pair is not None
-    # the forest's refits only where they give the bands (they cost most of the time here)
+    # the forest's refits only where they give the bands (they cost most of the time here): 1-D
+    # curves the regression cannot give; never a 2-D surface (see NO_FOREST_INTERVAL)
     boots = np.array([curve(fit.model)[0] for fit in sur.boot_fits(max(0, int(n_boot)))]) \
-        if n_boot > 0 and not regression else np.empty((0, len(grid)))
+        if n_boot > 0 and not regression and len(cols) == 1 else np.empty((0, len(grid)))
     boot_m = sur.to_metric(boots)
     forest = sur.to_metric(est_t)
     est, low, high = forest, *_around(forest, boot_m)
@@ -229,7 +234,10 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
             high = np.array([iv.high for iv in eff.level_effects])
             change, p_value = eff.change, eff.p_value
         elif len(est) >= 2:
-            change = _change(sur, forest, boot_m)
+            change = _change(sur, forest)
+            notes.warn("no_interval", f"no 95% interval for the change of {names[0]}: the main-effects regression "
+                       "could not be fitted, and the forest's refits shrink effects (" + NO_FOREST_INTERVAL
+                       + "); the change is the forest's estimate alone", names[0])
         if change is not None:
             ctx = context_of(ds, sur.load_point)
             if sur.hardware_class is not None:
@@ -246,6 +254,10 @@ def partial_dependence_from(sur: Surrogate, ds: xr.Dataset, params: str | Sequen
             est = np.array([iv.estimate for iv in pair])
             low = np.array([iv.low for iv in pair])
             high = np.array([iv.high for iv in pair])
+        else:
+            notes.warn("no_interval", "no 95% bands for this 2-D partial dependence: the regression with the pair's "
+                       "product columns could not be fitted, and the forest's refits shrink interactions ("
+                       + NO_FOREST_INTERVAL + "); the surface is the forest's estimate alone", ",".join(names))
     if bands == "forest" and len(boot_m):
         notes.warn("forest_bands", "these intervals are the spread of the forest's bootstrap refits around its "
                    "estimate: forests shrink small effects towards zero, so they can miss a small true effect"
@@ -296,16 +308,12 @@ def _around(est: np.ndarray, boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return est - half, est + half
 
 
-def _change(sur: Surrogate, est: np.ndarray, boot_m: np.ndarray) -> Interval:
-    """Last minus first grid value of the forest's PD (ratio minus one with a log target), with a
-    95% interval around it (:func:`analysis.common.interval_around`), or the bare value without refits."""
-    if sur.log_target:
-        point = float(est[-1] / est[0] - 1.0)
-        samples = boot_m[:, -1] / boot_m[:, 0] - 1.0 if len(boot_m) else np.empty(0)
-    else:
-        point = float(est[-1] - est[0])
-        samples = boot_m[:, -1] - boot_m[:, 0] if len(boot_m) else np.empty(0)
-    return interval_around(samples, point)
+def _change(sur: Surrogate, est: np.ndarray) -> Interval:
+    """Last minus first grid value of the forest's PD (ratio minus one with a log target), with NaN
+    bounds: the spread of the forest's refits is no calibrated interval of a change
+    (:data:`NO_FOREST_INTERVAL`)."""
+    point = float(est[-1] / est[0] - 1.0) if sur.log_target else float(est[-1] - est[0])
+    return Interval(point, math.nan, math.nan)
 
 
 def _unobserved(sur: Surrogate, cols: list[int], axes: list[np.ndarray], notes: Notes) -> None:

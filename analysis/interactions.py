@@ -9,15 +9,15 @@ For each pair of parameters :func:`interactions` reports
   ``h_rows`` trials, with ``PD_j``, ``PD_k`` and ``PD_jk`` the partial dependences (averaged over
   the same sample) evaluated at each sampled trial's own values and centred over the sample,
   ``H² = sum((PD_jk - PD_j - PD_k)²) / sum(PD_jk²)``: the share of the pair's joint effect that
-  is not the sum of the two main effects (0 = additive). The estimate is the primary fit's; its
-  95% interval is built around it from ``n_boot`` bootstrap refits on the same row sample
-  (estimate +- the 95th percentile of |refit - estimate|, clipped to [0, 1]), so it always holds
-  the estimate and widens when the refits sit off it. Forests shrink interactions (a planted
+  is not the sum of the two main effects (0 = additive). Forests shrink interactions (a planted
   strength of 0.057 came out 0.010), so whenever the main-effects regression
   (:mod:`analysis.main_effects`) can also carry the pair's product columns, the reported H² and
   strength are that regression's (:func:`analysis.main_effects.pair_strength`: the same formulas
   on the fitted linear model, intervals from its config-clustered covariance) and the forest's
-  values are kept beside them (``source`` says which). H² is relative: for two parameters that
+  values are kept beside them (``source`` says which). Where it cannot (too few configs), H² and
+  strength are the forest's estimates with NaN bounds and a ``no_interval`` caveat: the spread of
+  the forest's bootstrap refits is no 95% interval of an interaction (on planted surfaces with 10
+  configs it covered a real interaction in 0 of 20 experiments). H² is relative: for two parameters that
   barely matter, the joint PD is the model's noise and H² a ratio of two tiny numbers that can
   come out anywhere in [0, 1]. So each pair also gets its **strength**: the same numerator divided
   by the variance of the surrogate's predictions over the sample (the share of all predicted
@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, interval_around
+from analysis.common import NO_FOREST_INTERVAL, Caveat, Claim, Interval, Notes, Subsample, claim_for
 from analysis.frame import AnalysisInputError
 from analysis.main_effects import pair_strength
 from analysis.surrogate import (
@@ -148,7 +148,8 @@ def interactions(ds: xr.Dataset, metric: str | None = None, load_point: str | No
         pairs: the pairs to compute (default all pairs of varying features).
         max_pairs: compute at most this many pairs (those of the most important features).
         seed: seeds everything.
-        n_boot: bootstrap refits for the H² interval (0: no interval).
+        n_boot: kept for callers; no longer used: the intervals come from the regression, and a pair it
+            cannot fit gets none (the forest's refits shrink interactions, so their spread under-covered).
         h_rows: trials in the H² sample (PD evaluated at and averaged over them).
         shap_rows: trials explained with SHAP interaction values.
         max_rows: trials used to fit (whole configs).
@@ -191,15 +192,6 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
     S = sur.X[rows]
     h_est, s_est, j_est = h2_statistics(sur.model, S, chosen)
     regression = [pair_strength(sur, j, k, S) for j, k in chosen]
-    # the forest's refits only where the regression cannot give the interval (they cost most)
-    fits = sur.boot_fits(max(0, int(n_boot))) if n_boot > 0 and any(r is None for r in regression) else []
-    need = [c for c, r in zip(chosen, regression) if r is None]
-    boot = [h2_statistics(f.model, S, need) for f in fits]
-    h_boot = np.full((len(boot), len(chosen)), np.nan)
-    s_boot = np.full((len(boot), len(chosen)), np.nan)
-    cols = [i for i, r in enumerate(regression) if r is None]
-    for b, (hb, sb, _) in enumerate(boot):
-        h_boot[b, cols], s_boot[b, cols] = hb, sb
     srows = sample_rows(len(sur.y), shap_rows, np.random.default_rng([sur.seed, 6]))
     notes.subsample("trials explained with SHAP interaction values", len(srows), len(sur.y))
     shap_pair = _shap_pairs(sur.model, sur.X[srows], chosen)
@@ -222,14 +214,13 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
         ps = regression[i]
         if ps is not None:
             h2, strength, share, source = ps.h2, ps.strength, ps.joint_share, "regression"
-        else:
-            h2 = _interval(h_boot[:, i], float(h_est[i]), upper=1.0)
-            strength = _interval(s_boot[:, i], float(s_est[i]))
+        else:  # the forest's estimates alone: its refits' spread is no calibrated interval here
+            h2 = Interval(float(h_est[i]), math.nan, math.nan)
+            strength = Interval(float(s_est[i]), math.nan, math.nan)
             share, source = float(j_est[i]), "forest"
-            if len(h_boot):
-                pair_notes.warn("forest_bands", "too few configs for the regression with this pair's product "
-                                "columns: H² and strength are the forest's, whose refits shrink interactions "
-                                "towards zero, so their intervals can miss a real interaction", f"{fj.name},{fk.name}")
+            pair_notes.warn("no_interval", "too few configs for the regression with this pair's product columns: "
+                            "H² and strength are the forest's estimates, with no 95% interval, because the "
+                            "forest's refits shrink interactions (" + NO_FOREST_INTERVAL + ")", f"{fj.name},{fk.name}")
         if not share >= WEAK_JOINT:
             pair_notes.warn("weak_joint_effect", f"together {fj.name} and {fk.name} move the prediction little "
                             f"({100 * share:.2g}% of its variation), so H² is a ratio of small numbers; read the "
@@ -242,21 +233,15 @@ def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str,
     method = (f"pairs sorted by interaction strength (H²'s numerator over the variance of the predictions); "
               f"{n_reg} of {len(out)} pairs from an OLS of {sur.target} on every main effect plus the pair's "
               "products (config-clustered covariance; intervals from 400 draws of its coefficients, around the "
-              "estimate), the others from the forest; forest: "
+              "estimate), the others from the forest: "
               f"Friedman's H² from a random forest ({sur.n_trees} trees) on {sur.target}, PDs over {len(rows)} "
-              f"sampled trials; interval over {len(h_boot)} bootstrap refits resampling {sur.resampled}; SHAP "
+              "sampled trials, with no interval (the forest's refits shrink interactions; caveat no_interval); SHAP "
               f"interaction = mean 2|phi_jk| on {len(srows)} trials; cells from all {len(df)} analysed trials")
     return InteractionResult(
         metric=sur.metric, target=sur.target, load_point=sur.load_point, hardware_class=sur.hardware_class,
         n_trials=sur.n_trials, pairs=out, n_pairs_total=len(all_pairs), n_pairs_computed=len(chosen),
-        n_boot=len(h_boot), h_rows=len(rows), shap_rows=len(srows), claim=sur.claim, method=method,
+        n_boot=0, h_rows=len(rows), shap_rows=len(srows), claim=sur.claim, method=method,
         warnings=notes.warnings, subsampled=notes.subsampled)
-
-
-def _interval(samples: np.ndarray, estimate: float, upper: float = math.inf) -> Interval:
-    """95% interval around the primary fit's ``estimate`` from the refits (estimate +- the 95th
-    percentile of |refit - estimate|, within [0, upper]), so it always holds the estimate."""
-    return interval_around(samples, estimate, lower=0.0, upper=upper)
 
 
 def _centred_pd(model: Any, S: np.ndarray, cols: list[int]) -> np.ndarray:

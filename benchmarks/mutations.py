@@ -213,11 +213,34 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_analysis_ranking.py",),
     ),
     Mutation(
-        "interaction-forest-bands-silent", "a planted pair's interval from the forest (too few configs for the "
-        "regression) says it can miss a real interaction",
+        "interaction-no-interval-silent", "a pair the regression cannot fit (too few configs) says why it has no "
+        "interval",
         "analysis/interactions.py",
-        '            if len(h_boot):\n                pair_notes.warn("forest_bands",',
-        '            if False:\n                pair_notes.warn("forest_bands",',
+        '            pair_notes.warn("no_interval",',
+        '            Notes().warn("no_interval",',
+        ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
+    ),
+    Mutation(
+        "interaction-forest-interval-stated", "the forest's refit spread is never stated as an interaction's 95% "
+        "interval (it covered a planted interaction in 0 of 20 experiments at 10 configs)",
+        "analysis/interactions.py",
+        "            strength = Interval(float(s_est[i]), math.nan, math.nan)\n",
+        "            strength = Interval(float(s_est[i]), 0.0, 2.0 * float(s_est[i]))\n",
+        ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
+    ),
+    Mutation(
+        "pd-change-forest-interval-stated", "a PD change without the regression states no interval (the forest's "
+        "refits covered 83% at 10 configs)",
+        "analysis/effects.py",
+        "    return Interval(point, math.nan, math.nan)\n",
+        "    return Interval(point, point - abs(point), point + abs(point))\n",
+        ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
+    ),
+    Mutation(
+        "pd-2d-forest-bands-without-pair", "a 2-D PD the pair regression cannot give states no bands",
+        "analysis/effects.py",
+        "        if n_boot > 0 and not regression and len(cols) == 1 else np.empty((0, len(grid)))",
+        "        if n_boot > 0 and not regression else np.empty((0, len(grid)))",
         ("tests/test_analysis_coverage.py::test_small_experiments_warn_instead_of_claiming",),
     ),
     Mutation(

@@ -17,6 +17,12 @@ interval against the truth computed from the planted formula on the same analyse
   same row sample the analysis uses (:func:`analysis.interactions.h2_statistics`);
 - **false "important"**: how often a no-effect parameter's one verdict is ``important``.
 
+An interval the analysis declines to state (NaN bounds with a ``no_interval`` caveat: at 10 configs
+the regressions cannot be fitted and the forest's refits under-cover a change, a 2-D surface and an
+interaction) is counted in the "not stated" column, never as covered. Each coverage comes with its
+Monte-Carlo error (a 95% Wilson interval of the observed share; intervals of one seed are
+correlated, so the real error is somewhat larger) beside the range a calibrated interval shows.
+
 Progress goes to stderr; the table goes to the "coverage" section of ``benchmarks/RESULTS.md``
 (``--no-write`` prints it instead). Nothing here is a measurement of a server.
 """
@@ -63,6 +69,8 @@ class Tally:
     """Counts of intervals that covered the truth, by (size, kind), and verdicts by (size, parameter)."""
 
     covered: dict[tuple[str, str], list[bool]] = field(default_factory=lambda: defaultdict(list))
+    #: (size, kind) -> how many intervals the analysis declined to state (NaN bounds: caveat no_interval)
+    refused: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     important: dict[tuple[str, str], list[bool]] = field(default_factory=lambda: defaultdict(list))
     warned: dict[tuple[str, str], list[bool]] = field(default_factory=lambda: defaultdict(list))
     seeds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -75,10 +83,13 @@ class Tally:
                 mine[key].extend(xs)
         for size, n in other.seeds.items():
             self.seeds[size] += n
+        for key, n in other.refused.items():
+            self.refused[key] += n
         self.contains_estimate.extend(other.contains_estimate)
 
     def add(self, size: str, kind: str, low: float, high: float, truth: float, estimate: float) -> None:
         if not (math.isfinite(low) and math.isfinite(high)):
+            self.refused[(size, kind)] += 1
             return
         self.covered[(size, kind)].append(bool(low <= truth <= high))
         self.contains_estimate.append(bool(low <= estimate <= high))
@@ -148,7 +159,7 @@ def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int =
     from analysis.surrogate import fit_warnings
 
     fired |= {w.code for w in fit_warnings(sur)}
-    for code in ("too_few_trials", "too_few_configs", "poor_fit", "forest_bands"):
+    for code in ("too_few_trials", "too_few_configs", "poor_fit", "forest_bands", "no_interval"):
         tally.warned[(size, code)].append(code in fired)
     if truth.interaction is not None and all(n in [f.name for f in sur.features] for n in truth.interaction):
         pair_pd(sur, ds, truth, size, tally, n_boot)
@@ -156,6 +167,8 @@ def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int =
     rows = sample_rows(len(sur.y), H_ROWS, np.random.default_rng([sur.seed, 5]))
     chosen = [(sur.index(p.params[0]), sur.index(p.params[1])) for p in inter.pairs]
     true_h2, true_strength, _ = h2_statistics(TrueModel(sur, truth), sur.X[rows], chosen)
+    tally.warned[(size, "no_interval (interactions)")].append(any(w.code == "no_interval" for p in inter.pairs
+                                                                   for w in p.warnings))
     for p, th, ts in zip(inter.pairs, true_h2, true_strength):
         planted_pair = truth.interaction is not None and set(p.params) == set(truth.interaction)
         tag = "planted pair" if planted_pair else "pairs without interaction"
@@ -188,6 +201,15 @@ def _one(job: tuple[str, int, bool]) -> Tally:
     return tally
 
 
+def wilson(k: int, n: int) -> str:
+    """The Monte-Carlo error of an observed coverage k / n: its 95% Wilson interval (intervals of one
+    seed are correlated, so the real error is somewhat larger)."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+    return f"{lo:.1%} - {hi:.1%}"
+
+
 def binomial_range(n: int, p: float = 0.95) -> str:
     """The central 95% range of a binomial(n, p) count, as rates (what a calibrated interval shows)."""
     from scipy import stats
@@ -210,10 +232,19 @@ def render(tally: Tally, command: str, started: str, wall_s: float, seeds: dict[
              + ", ".join(f"{s} = {c} configs x {r}" for s, (c, r) in SIZES.items())
              + " trials. Truth = the planted formula on the same analysed rows (see the module docstring). "
              "Intervals are those the analyses state, with their default refits (PD 50, interactions 10, verdicts 50).",
-             "", "| size | interval | intervals checked | covered | coverage | a calibrated 95% interval: |",
-             "| --- | --- | ---: | ---: | ---: | --- |"]
-    for (size, kind), xs in sorted(tally.covered.items()):
-        lines.append(f"| {size} | {kind} | {len(xs)} | {sum(xs)} | {sum(xs) / len(xs):.1%} | {binomial_range(len(xs))} |")
+             "", "Not stated: intervals the analysis declined to give (NaN bounds with a `no_interval` caveat: too few "
+             "configs for the regression, and the forest's refits under-cover); they are not counted as covered.",
+             "", "| size | interval | intervals checked | covered | coverage | Monte-Carlo 95% (Wilson) | "
+             "a calibrated 95% interval: | not stated |",
+             "| --- | --- | ---: | ---: | ---: | --- | --- | ---: |"]
+    for key in sorted(set(tally.covered) | set(tally.refused)):
+        size, kind = key
+        xs = tally.covered.get(key, [])
+        if xs:
+            lines.append(f"| {size} | {kind} | {len(xs)} | {sum(xs)} | {sum(xs) / len(xs):.1%} | "
+                         f"{wilson(sum(xs), len(xs))} | {binomial_range(len(xs))} | {tally.refused.get(key, 0)} |")
+        else:
+            lines.append(f"| {size} | {kind} | 0 | - | - | - | - | {tally.refused.get(key, 0)} |")
     share = sum(tally.contains_estimate) / max(1, len(tally.contains_estimate))
     lines += ["", f"Every one of the {len(tally.contains_estimate)} intervals above contains its own estimate: "
               f"{'yes' if share == 1 else f'no ({share:.1%})'}.", "",

@@ -13,6 +13,7 @@ MEANING: dict[str, str] = {
     "too_few_repeats": "not enough repeats to estimate the spread this needs",
     "no_slos": "the spec states no SLO, so nothing is gated on latency",
     "forest_bands": "the bands come from refitting a random forest on resamples, not from a calibrated model",
+    "no_interval": "too few configs for a calibrated interval here: the estimate is stated alone",
     "few_events": "few failures were seen: the failure model is rough and its intervals wide",
     "failover_trials": "some trials ran on other hardware after their own class failed over",
     "failover_excluded": "trials that failed over to other hardware are left out",
