@@ -1,6 +1,8 @@
 """A fleet on loopback for the fault suite and the chaos runner: a real coordinator process
 (``sweep --no-local-daemon``), real ``daemon start`` processes, the ``openai`` backend against the
-FAKE endpoint of :mod:`tests.fakes.openai_server`, and an optional :class:`~tests.fakes.faultproxy.
+FAKE endpoint of :mod:`tests.fakes.openai_server` (or, for scenarios that need no trial in flight
+when their fault lands, the SIMULATED ``sim`` backend: the same protocol with no HTTP load per
+trial), and an optional :class:`~tests.fakes.faultproxy.
 FaultProxy` between a daemon and the coordinator. Every wait has a deadline; :meth:`Fleet.close`
 kills whatever is left and says so.
 
@@ -35,7 +37,7 @@ SPEC = textwrap.dedent(
     """
     name: {name}
     model: {{source: tiny}}
-    backend: {{kind: openai, base_url: "{url}"{backend}}}
+    backend: {backend}
     load_points:
       - {{name: c2, max_concurrency: 2, num_requests: {n}, input_len: 8, output_len: 16}}
       - {{name: c4, max_concurrency: 4, num_requests: {n}, input_len: 8, output_len: 16}}
@@ -55,7 +57,9 @@ def free_port() -> int:
 
 @dataclass
 class Fleet:
-    """One experiment's fleet in ``tmp``. ``url``: the fake endpoint's base URL."""
+    """One experiment's fleet in ``tmp``. ``url``: the fake endpoint's base URL (``kind="openai"``);
+    ``kind="sim"``: the SIMULATED backend, which finishes a trial in milliseconds (``url`` unused):
+    only for scenarios whose faults do not need a trial in flight."""
 
     tmp: Path
     url: str
@@ -66,14 +70,16 @@ class Fleet:
     env: dict[str, str] = field(default_factory=dict)
     #: More keys of the spec's backend, e.g. ``", api_key_env: FLEET_KEY"``.
     backend: str = ""
+    kind: str = "openai"
 
     def __post_init__(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.root = self.tmp / "runs"
         self.folder = self.root / self.name
         self.spec = self.tmp / f"{self.name}.yaml"
-        self.spec.write_text(SPEC.format(name=self.name, url=self.url, n=self.requests, repeats=self.repeats,
-                                         backend=self.backend))
+        backend = (f'{{kind: openai, base_url: "{self.url}"{self.backend}}}' if self.kind == "openai"
+                   else f"{{kind: {self.kind}{self.backend}}}")
+        self.spec.write_text(SPEC.format(name=self.name, n=self.requests, repeats=self.repeats, backend=backend))
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[str] | None = None

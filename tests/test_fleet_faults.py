@@ -1,6 +1,7 @@
 """The fault suite: real coordinator and daemon processes on loopback, the ``openai`` backend
-against a FAKE endpoint (tests/fakes), a TCP fault proxy, short timings (heartbeat 0.2 s, TTL 2 s,
-grace 1 s). After every scenario the store's invariants are checked (tests/fleet_harness.py) and no
+against a FAKE endpoint (tests/fakes) wherever a fault must land on a trial in flight, the SIMULATED
+``sim`` backend (no HTTP load per trial) for the scenarios whose fault needs none (a crash inside
+the daemon's batch), a TCP fault proxy, short timings (heartbeat 0.2 s, TTL 2 s, grace 1 s). After every scenario the store's invariants are checked (tests/fleet_harness.py) and no
 process may be left behind."""
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture
 def fleet(tmp_path: Path, endpoint: str) -> Iterator[Fleet]:
     f = Fleet(tmp_path, endpoint)
+    yield f
+    left = f.close()
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def sim_fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet on the SIMULATED backend: the same coordinator, daemons and protocol, trials in milliseconds."""
+    f = Fleet(tmp_path, "", kind="sim")
     yield f
     left = f.close()
     assert not left, f"processes left behind: {left}"
@@ -228,7 +238,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_crash_inside_the_daemon_is_a_daemon_error_and_is_retried(fleet: Fleet, tmp_path: Path) -> None:
+def test_a_crash_inside_the_daemon_is_a_daemon_error_and_is_retried(sim_fleet: Fleet, tmp_path: Path) -> None:
+    fleet = sim_fleet
     script = tmp_path / "crashing_daemon.py"
     script.write_text(CRASHING_DAEMON)
     fleet.start_coordinator()
@@ -241,6 +252,8 @@ def test_a_crash_inside_the_daemon_is_a_daemon_error_and_is_retried(fleet: Fleet
     retried = {a["trial_id"] for a in errors}
     assert all(any(b["trial_id"] == t and b["status"] == "ok" and b["attempt"] == 2 for b in attempts) for t in retried)
     assert not [a for a in attempts if a["failure_kind"] == "measurement"], "never blamed on the engine config"
+    ok = next(a for a in attempts if a["status"] == "ok")
+    assert "servetune-sim" in (fleet.folder / ok["result_path"]).read_text(), "measured by the SIMULATED backend"
     _invariants(fleet, "d1")
 
 
@@ -343,7 +356,8 @@ def test_duplicate_replayed_conflicting_and_stale_submissions(fleet: Fleet) -> N
 ALWAYS_CRASHING_DAEMON = CRASHING_DAEMON.replace("if len(calls) == 1:", "if True:")
 
 
-def test_a_trial_out_of_retries_is_a_hole_and_the_sweep_exits_3(fleet: Fleet, tmp_path: Path) -> None:
+def test_a_trial_out_of_retries_is_a_hole_and_the_sweep_exits_3(sim_fleet: Fleet, tmp_path: Path) -> None:
+    fleet = sim_fleet
     script = tmp_path / "always_crashing_daemon.py"
     script.write_text(ALWAYS_CRASHING_DAEMON)
     fleet.repeats = 1
