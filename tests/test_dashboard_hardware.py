@@ -70,8 +70,8 @@ def test_hardware_class_views_keep_classes_apart_and_failover_optional(served, b
         assert sorted(picker.locator("option").all_inner_texts()) == [A, B]
         # every section computed before the tab closes: the server's two background workers are shared
         # by all sessions, and a section still computing would delay the Ranking page's work below
-        # (not "interactions": its update is sometimes never sent to the browser, a known open defect)
-        for section in ("importance", "pd", "failure"):
+        # (interactions too: a result finishing while the page loaded was once lost, see on_result)
+        for section in ("importance", "pd", "interactions", "failure"):
             tab.page.locator(f"[data-section='{section}'].st-section-done").first.wait_for(
                 state="attached", timeout=BACKGROUND_TIMEOUT_MS)
         failure = tab.page.get_by_text("failure kinds modelled").first.inner_text()

@@ -13,6 +13,7 @@ pick up new results: a dataset's version is its ``results.nc`` modification time
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -255,15 +256,58 @@ def rehearse(experiment: str | None, page: str) -> None:
     doc.clear()
 
 
+class _LoadGate:
+    """Holds a session's background results until its browser has loaded the page.
+
+    Panel 1.9 loses a model update made between the browser's websocket connecting and the page
+    reporting itself loaded (Panel's ``onload``): the update is deferred to a later tick, and what
+    it sends is never applied in the browser (the Parameters page's interactions section kept its
+    spinner in about 1 of 3 fresh servers, the result assigned on the server). So results that
+    finish before the page has loaded wait here and are applied, each on its own tick, once it has."""
+
+    def __init__(self, doc: Any) -> None:
+        self.doc = doc
+        self.loaded = False
+        self.waiting: list[Callable[[], None]] = []
+
+    def deliver(self, apply: Callable[[], None]) -> None:
+        """On the document's tick: ``apply`` now when the page has loaded, else once it has."""
+        if self.loaded:
+            apply()
+        else:
+            self.waiting.append(apply)
+
+    def open(self) -> None:
+        """Panel's ``onload`` callback: the page has loaded; apply what waited."""
+        self.loaded = True
+        waiting, self.waiting = self.waiting, []
+        for apply in waiting:
+            self.doc.add_next_tick_callback(apply)
+
+
+#: the load gate of each live session's document
+_GATES: weakref.WeakKeyDictionary[Any, _LoadGate] = weakref.WeakKeyDictionary()
+
+
+def _gate(doc: Any) -> _LoadGate:
+    gate = _GATES.get(doc)
+    if gate is None:
+        gate = _GATES[doc] = _LoadGate(doc)
+        pn.state.onload(gate.open)  # called at once when the page has already loaded
+    return gate
+
+
 def on_result(fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:
     """Call ``fn(fut)`` in the session once the background ``fut`` is done: at once when it already
-    is (a cached result), else on the document's next tick (Bokeh's thread-safe way to update a
-    session from another thread)."""
+    is (a cached result), else on a tick of the document (Bokeh's thread-safe way to update a
+    session from another thread), and never before the browser has loaded the page
+    (:class:`_LoadGate`)."""
     doc = pn.state.curdoc
     if fut.done() or doc is None or doc.session_context is None:
         fn(fut)
         return
-    fut.add_done_callback(lambda f: doc.add_next_tick_callback(lambda: fn(f)))
+    gate = _gate(doc)
+    fut.add_done_callback(lambda f: doc.add_next_tick_callback(lambda: gate.deliver(lambda: fn(f))))
 
 
 #: caveats under which a green "causal effect" badge would overclaim: the model behind the numbers fits poorly
