@@ -130,3 +130,42 @@ def test_a_stopped_optuna_sweep_resumes_from_the_store(swept: tuple[Path, Path, 
     assert {t for t, a, _, _ in attempts if a > 1} == {by_index[2]}, "only the lost trial ran again"
     ds = analysis.load(NAME, results_root=tmp_path / "runs")
     assert ds.attrs["design"] == "adaptive" and int((ds.status == "ok").sum()) == 8
+
+
+def test_the_loop_tells_measurement_failures_and_never_transport_ones(tmp_path: Path) -> None:
+    """The sweep's side of ask/tell on a real store, no daemon: a config whose trial failed as a
+    measurement is told (as FAIL), one lost to transport is not (nothing more is asked until it
+    finishes), and a restored loop rebuilds the same history."""
+    from coordinator.adaptive_loop import AdaptiveLoop
+
+    spec = load_spec(CONFIG)
+    h = spec.spec_hash()
+    store = Store.open(tmp_path / "exp")
+    try:
+        loop = AdaptiveLoop(spec, h)
+        plan = loop.start(store)
+        store.record_plan(h, spec.model_dump(mode="json"), None, plan)
+        first, second = (b.trials[0] for b in plan.batches)
+
+        def finish(m: Any, status: str, kind: str | None) -> None:
+            n = store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash=h)
+            store.finish_attempt(m.trial_id, n, status=status, failure_kind=kind, error=None, submission_id=None,
+                                 record=None, metrics={"output_throughput": 1.0} if status == "ok" else {},
+                                 hardware_class=None)
+
+        finish(first, "failed", "measurement")
+        finish(second, "failed", "transport")
+        assert loop.settle(store) == [], "a config lost to transport is not told: the batch is not over"
+        assert list(loop.untold) == [second.config_id]
+        assert [s.values for s in loop.planner.history] == [None], "the measurement failure is told as FAIL"  # type: ignore[attr-defined]
+        finish(second, "ok", None)
+        more = loop.settle(store)
+        assert len(more) == 2 and not loop.untold.keys() - {b.config_id for b in more}
+        assert [s.values for s in loop.planner.history] == [None, (1.0,)]  # type: ignore[attr-defined]
+        again = AdaptiveLoop(spec, h)
+        replan = again.start(store)
+        assert [b.config_id for b in replan.batches] == [b.config_id for b in (*plan.batches, *more)]
+        assert again.restored == 4 and set(again.untold) == {b.config_id for b in more}
+        assert again.planner.history == loop.planner.history  # type: ignore[attr-defined]
+    finally:
+        store.close()
