@@ -280,6 +280,24 @@ class Store:
                 )
                 order += cur.rowcount
 
+    def planned_trials(self, spec_hash: str, config_id: str | None = None) -> list[tuple[int, TrialManifest]]:
+        """The trials planned under ``spec_hash`` (``config_id``: of that engine config only), in run
+        order, each with its batch index."""
+        sql = ("SELECT s.batch_index, t.manifest_json FROM spec_trials s JOIN trials t ON t.trial_id=s.trial_id"
+               " WHERE s.spec_hash=?" + (" AND t.config_id=?" if config_id is not None else "") + " ORDER BY s.run_order")
+        args = (spec_hash,) if config_id is None else (spec_hash, config_id)
+        rows = self._conn.execute(sql, args).fetchall()
+        return [(int(r["batch_index"]), TrialManifest.model_validate_json(r["manifest_json"])) for r in rows]
+
+    def latest_finished_of(self, trial_ids: list[str]) -> dict[str, AttemptRow]:
+        """:meth:`latest_finished` for ``trial_ids`` only."""
+        out: dict[str, AttemptRow] = {}
+        for t in trial_ids:
+            for a in self.attempts(t):
+                if a.status in ("ok", "failed"):
+                    out[t] = a
+        return out
+
     def planned_trial_ids(self, spec_hash: str) -> list[str]:
         rows = self._conn.execute(
             "SELECT trial_id FROM spec_trials WHERE spec_hash=? ORDER BY run_order", (spec_hash,)

@@ -30,6 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
+from coordinator.adaptive_loop import AdaptiveLoop
 from coordinator.artifact_sink import ArtifactSink, SinkPolicy
 from coordinator.breaker import BreakerChanged, Drained
 from coordinator.clock import ClockSchedule, ClockStep, write_clock_file
@@ -54,7 +55,7 @@ from coordinator.control import (
 from coordinator.dataset_writer import DatasetWriter, rewrite_wait_s, write_final
 from coordinator.fleet import LOCAL_BIND, FleetSettings
 from coordinator.leases import BatchWork
-from coordinator.planning import needs_run, plan_experiment
+from coordinator.planning import needs_run, plan_experiment, planner_class
 from coordinator.progress import SweepProgress
 from coordinator.retries import RetryEvent, RetryLog
 from coordinator.schedule import ScheduleBook
@@ -266,8 +267,11 @@ class SweepRunner:
         self.fleet = options.fleet or FleetSettings()
         # Piped output (CI logs, tests) is never wrapped, so every message stays one greppable line.
         self.console = options.console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
-        self.plan = plan_experiment(spec)
+        self.plan = plan_experiment(spec)  # an adaptive planner's: its first batch, until the store is read
         self.spec_hash = spec.spec_hash()
+        #: the ask/tell loop of an adaptive planner (None: a design fixed in advance)
+        self.adaptive = (AdaptiveLoop(spec, self.spec_hash, options.retry_failed)
+                         if planner_class(spec.planner.kind).adaptive else None)
         self.coordinator_id = f"coord-{uuid.uuid4().hex[:8]}"
         self.store: Store | None = None
         self.child: subprocess.Popen[bytes] | None = None
@@ -346,7 +350,15 @@ class SweepRunner:
                                    "(earlier results are kept, tagged by spec hash):")
                 for line in changes:
                     self.console.print(f"  {line}")
+        if self.adaptive is not None:  # the plan so far, from the store when resuming
+            self.plan = self.adaptive.start(store)
+            if self.adaptive.restored:
+                self.console.print(f"resuming: the {self.spec.planner.kind} planner's history rebuilt from "
+                                   f"{self.adaptive.restored} engine config(s) planned before")
         store.record_plan(self.spec_hash, self.spec.model_dump(mode="json"), self.source_text, self.plan)
+        if self.adaptive is not None:
+            self.plan = replace(self.plan, batches=self.plan.batches + tuple(self.adaptive.settle(store)))
+            self._note_labels([BatchWork(batch=b, trials=b.trials) for b in self.plan.batches])
         refreshed = refresh_slo_metrics(store, self.spec)
         if refreshed:
             self.console.print(f"SLOs changed: recomputed SLO attainment and goodput of {refreshed} trial(s) "
@@ -925,6 +937,8 @@ class SweepRunner:
                     progress.add_total(len(work.trials))
                     rates = ", ".join(m.load_point.name.rsplit(DERIVED_MARK, 1)[1] for m in work.trials)
                     progress.phase(f"rate sweep: queued {len(work.trials)} follow-up rate(s): {rates}")
+        if self.adaptive is not None and not manifest.is_baseline and not core.stopping:
+            self._ask_planner(store, core, progress)
         label = self._labels.get(msg.trial_id, msg.trial_id[:12])
         if status == "ok":
             text = f"{label}: ok, {metrics.get('output_throughput', 0):.0f} output tok/s"
@@ -935,6 +949,27 @@ class SweepRunner:
         else:
             text = f"{label}: FAILED ({kind}): {(error or '').splitlines()[0][:120] if error else ''}"
         progress.trial_done(status == "ok", text)
+
+    def _ask_planner(self, store: Store, core: ControlCore, progress: SweepProgress) -> None:
+        """A result came in: tell the adaptive planner the configs it finished, queue what it asks next."""
+        assert self.adaptive is not None
+        batches = self.adaptive.settle(store)
+        if not batches:
+            return
+        self.plan = replace(self.plan, batches=self.plan.batches + tuple(batches))
+        queued = 0
+        for b in batches:
+            latest = store.latest_finished_of([m.trial_id for m in b.trials])
+            todo = tuple(m for m in b.trials if needs_run(latest.get(m.trial_id), self.opts.retry_failed))
+            if not todo:
+                continue
+            work = BatchWork(batch=b, trials=todo)
+            self._note_labels([work])
+            if core.add(work):
+                progress.add_total(len(todo))
+                queued += 1
+        if queued:
+            progress.phase(f"{self.spec.planner.kind} planner: queued {queued} more engine config batch(es)")
 
     def _extras(self, outcome: TrialOutcome) -> dict[str, Any]:
         server = outcome.server

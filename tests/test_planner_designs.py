@@ -320,15 +320,17 @@ def test_config_by_index_matches_the_listed_space() -> None:
     assert [config_key(*space.config_by_index(i)) for i in range(space.size())] == [config_key(*c) for c in listed]
 
 
-@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["--preview"]])
-def test_sweep_refuses_a_planner_whose_loop_it_does_not_run_yet(tmp_path: Path, mode: list[str]) -> None:
-    """``planner.kind: optuna`` is a valid spec, but the sweep loop does not drive ask/tell yet: every
-    mode of ``sweep`` refuses it (exit 2, naming the key), rather than measuring its first batch only."""
+@pytest.mark.parametrize("mode", [["--dry-run"], ["--preview"]])
+def test_sweep_refuses_to_preview_an_adaptive_plan(tmp_path: Path, mode: list[str]) -> None:
+    """``planner.kind: optuna`` runs (tests/test_sweep_adaptive.py), but its plan depends on its results:
+    --dry-run and --preview, which show plans fixed in advance, refuse it (exit 2, naming the key and
+    the mode), writing nothing."""
     cfg = tmp_path / "optuna.yaml"
     cfg.write_text(SPEC + "planner: {kind: optuna, n_trials: 6, seed: 1}\n")
     assert parse_spec(cfg.read_text()).planner.kind == "optuna"
     out = subprocess.run([sys.executable, "-m", "coordinator", "sweep", str(cfg), "--results-root", str(tmp_path / "runs"),
                           *mode], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 2, out
-    assert "planner.kind" in out.stderr and "does not drive adaptive planners yet" in out.stderr, out.stderr
+    assert "planner.kind" in out.stderr and "'optuna' is an adaptive planner" in out.stderr, out.stderr
+    assert f"so {mode[0]} cannot show its plan" in out.stderr, out.stderr
     assert not (tmp_path / "runs").exists(), "nothing written"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.fleet import DEFAULT_FLEET_BIND, LOCAL_BIND, fleet_settings, merge_groups
+from coordinator.planning import planner_class
 from coordinator.store import Store
 from coordinator.sweep import SweepOptions, SweepRunner
 from coordinator.transport import BindError
@@ -62,11 +63,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-#: planners the spec accepts whose ask/tell loop the sweep does not run yet: refused by `sweep` (all modes)
-#: rather than quietly measuring their first batch only
-NOT_YET_DRIVEN = frozenset({"optuna"})
-
-
 def _load(args: argparse.Namespace) -> tuple[ExperimentSpec, str | None]:
     path = Path(args.config)
     if path.exists() and not path.is_dir():
@@ -103,10 +99,12 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     try:
         spec, text = _load(args)
-        if spec.planner.kind in NOT_YET_DRIVEN:
+        if (args.dry_run or args.preview) and planner_class(spec.planner.kind).adaptive:
+            mode = "--dry-run" if args.dry_run else "--preview"
             raise SpecError(args.config, [SpecIssue("planner.kind", (
-                f"{spec.planner.kind!r} is a valid planner, but the sweep loop does not drive adaptive planners "
-                "yet (it would measure only the first batch it asks for); use grid, random or quasi-random"))])
+                f"{spec.planner.kind!r} is an adaptive planner: it chooses each batch from the results of the "
+                f"last, so {mode} cannot show its plan (it shows plans fixed in advance); run the sweep itself "
+                "(backend.kind: sim simulates it), or preview a grid, random or quasi-random design"))])
         if args.preview:
             from coordinator.preview import run_preview
 
