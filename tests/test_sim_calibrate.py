@@ -19,7 +19,7 @@ def _runs() -> list[Run]:
     """Four of the stored real runs' configs and load points, shortened (fewer requests)."""
     runs = load_runs(calibrate.DEFAULT_RUNS)
     picked = [runs[i] for i in (0, 1, 2, 3)]
-    return [Run(engine=r.engine, load_point={**r.load_point, "num_requests": 40, "warmup_requests": 2},
+    return [Run(engine=r.engine, load_point={**r.load_point, "num_requests": 20, "warmup_requests": 2},
                 observed=r.observed) for r in picked]
 
 
