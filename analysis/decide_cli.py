@@ -30,7 +30,7 @@ from servetune.errors import ServetuneError
 from servetune.export import engine_config_from_params, model_argument, serve_command
 from servetune.paths import resolve_experiment_dir
 from servetune.schema import DATASET_FILE, QUANTILE_VARIABLES
-from servetune.simulated import sim_profile, simulated_label
+from servetune.simulated import export_provenance, sim_profile, simulated_label
 
 RECORD_FILE = "decision.json"
 RECORD_VERSION = 1
@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 params = serve_params(ds, c.winner.config_id)
                 prov = {"experiment": ds.attrs.get("experiment", ""), "config": c.winner.config_id[:16],
                         "spec": str(ds.attrs.get("spec_hash", ""))[:12], "decision": RECORD_FILE}
-                if sim_profile(c.hardware_class):  # an export from a simulator run says so in its first line
-                    prov = {"SIMULATED": simulated_label([c.hardware_class]).removeprefix("SIMULATED "), **prov}
+                prov = export_provenance(prov, [c.hardware_class])  # a simulated winner says so first
                 commands[c.winner.config_id] = serve_command(engine_config_from_params(params), marg,
                                                              provenance=prov).text()
     except (AnalysisInputError, ServetuneError, ValueError) as exc:

@@ -56,7 +56,7 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     console.print(table)
     followups = sum(plan.followups_per_batch(b) for b in plan.batches)
     follow_text = (
-        f" + {followups} rate-sweep follow-up trial(s) in {sum(1 for b in plan.batches if plan.followups_per_batch(b))}"
+        f" + {followups} rate-sweep follow-up trial(s) in {sum(plan.followup_starts(b) for b in plan.batches)}"
         " more server start(s), planned once their @sync and @max results are in"
         if followups else ""
     )
@@ -71,6 +71,11 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     )
     for note in plan.notes:
         console.print(f"note: {note}")
+    single = plan.single_seat_sweeps()
+    if single:
+        console.print(f"note: {single} rate sweep(s) add no follow-ups: with max_num_seqs or the sweep's "
+                      "max_concurrency 1, @max runs one request at a time like @sync and cannot beat its "
+                      "throughput but by noise, so the sweep plans none for them")
     console.print("dry run: nothing was started or written")
 
 

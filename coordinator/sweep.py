@@ -231,6 +231,8 @@ def expand_rate_sweeps(
             continue
         if only is not None and not ({sync.trial_id, top.trial_id} & only):
             continue
+        if parent not in plan.sweeps_adding_followups(batches[index]):  # @max one request at a time, as @sync
+            continue
         a, b = latest.get(sync.trial_id), latest.get(top.trial_id)
         if a is None or b is None or a.status != "ok" or b.status != "ok" or not a.metrics or not b.metrics:
             continue

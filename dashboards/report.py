@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from analysis.__main__ import add_hardware_arguments, hardware_options
@@ -64,6 +65,7 @@ from analysis.pareto import param_values
 from analysis.report import Progress, stderr_progress
 from servetune.errors import ServetuneError
 from servetune.export import engine_config_from_params, model_argument, serve_command
+from servetune.simulated import export_provenance
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +338,7 @@ def decision_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = N
             prov = {"experiment": doc.get("experiment"), "spec": str(ds.attrs.get("spec_hash", ""))[:12],
                     "config": plain[:12], "vLLM": ds.attrs.get("vllm_version"), "decision": part.get("rule")}
             out[cid] = serve_command(engine_config_from_params(serve_params(ds, plain)), marg, served_model_name,
-                                     prov).text()
+                                     _export_provenance(ds, plain, prov)).text()
     return out
 
 
@@ -364,8 +366,19 @@ def winner_commands(ds: xr.Dataset, doc: dict[str, Any], model: str | None = Non
         params = param_values(df, [positions[cid]])[0]
         prov = {"experiment": doc.get("experiment"), "spec": str(ds.attrs.get("spec_hash", ""))[:12],
                 "config": cid[:12], "vLLM": ds.attrs.get("vllm_version"), "policy": ranking.get("policy")}
-        out[cid] = serve_command(engine_config_from_params(params), marg, served_model_name, prov).text()
+        out[cid] = serve_command(engine_config_from_params(params), marg, served_model_name,
+                                 _export_provenance(ds, cid, prov)).text()
     return out
+
+
+def _export_provenance(ds: xr.Dataset, config_id: str, prov: dict[str, Any]) -> dict[str, Any]:
+    """``prov`` led by the SIMULATED label when the config's trials ran on the simulator."""
+    mine = np.asarray(ds["config_id"].values).astype(str) == config_id
+
+    def values(name: str) -> list[Any]:
+        return np.asarray(ds[name].values)[mine].tolist() if name in ds.variables else []
+
+    return export_provenance(prov, values("hardware_class"), values("backend"))
 
 
 def _model_text(raw: Any) -> str:

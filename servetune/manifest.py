@@ -207,24 +207,52 @@ class Plan:
         return {b.config_id: b.config for b in self.batches}
 
     def estimate_seconds(self, server_start_s: float = 50.0, per_trial_overhead_s: float = 3.0) -> float:
-        """Rough wall time: every batch starts a server, every trial runs its load point; a rate
-        sweep adds a batch of its follow-up rates (decided at run time) per config."""
+        """Rough wall time: every batch starts a server, every trial runs its load point; each rate
+        sweep of a batch that will add follow-ups (:meth:`followup_starts`) adds a batch of its
+        follow-up rates (decided at run time), with its own server start."""
         total = 0.0
         for b in self.batches:
             total += server_start_s + sum(t.load_point.expected_seconds() + per_trial_overhead_s for t in b.trials)
             followups = self.followups_per_batch(b)
             if followups:
                 per = b.trials[0].load_point.expected_seconds() + per_trial_overhead_s
-                total += server_start_s + followups * per
+                total += self.followup_starts(b) * server_start_s + followups * per
         return total
+
+    def _seed_pairs(self, batch: PlannedBatch) -> list[tuple[str, bool]]:
+        """``(rate sweep, adds follow-ups)`` for each rate sweep whose ``@sync`` and ``@max`` seeds are
+        both in ``batch`` (what :func:`coordinator.sweep.expand_rate_sweeps` pairs up). It adds none
+        when its ``@max`` runs one request at a time too (the engine's ``max_num_seqs`` or the sweep's
+        ``max_concurrency`` 1): ``@max`` cannot then beat ``@sync`` but by noise."""
+        names = {t.load_point.name for t in batch.trials}
+        seats = batch.config.args.max_num_seqs
+        out = []
+        for t in batch.trials:
+            parent = sweep_parent(t.load_point.name)
+            if (parent is None or not t.load_point.name.endswith(DERIVED_MARK + "max")
+                    or not self.followup_rates.get(parent) or f"{parent}{DERIVED_MARK}sync" not in names):
+                continue
+            one_at_a_time = min(t.load_point.max_concurrency or 2, seats if seats is not None else 2) <= 1
+            out.append((parent, not one_at_a_time))
+        return out
+
+    def sweeps_adding_followups(self, batch: PlannedBatch) -> list[str]:
+        """The rate sweeps of ``batch`` that add follow-ups once their seeds are ok (the sweep's rule too)."""
+        return [p for p, adds in self._seed_pairs(batch) if adds]
 
     def followups_per_batch(self, batch: PlannedBatch) -> int:
         """How many follow-up rate trials this batch's rate sweeps will add (decided at run time)."""
-        return sum(
-            self.followup_rates.get(sweep_parent(t.load_point.name) or "", 0)
-            for t in batch.trials
-            if t.load_point.name.endswith(DERIVED_MARK + "max")
-        )
+        return sum(self.followup_rates[p] for p in self.sweeps_adding_followups(batch))
+
+    def followup_starts(self, batch: PlannedBatch) -> int:
+        """How many more server starts this batch's rate sweeps will take: one per rate sweep that
+        adds follow-ups (the sweep queues each seed pair's follow-ups as a batch of its own)."""
+        return len(self.sweeps_adding_followups(batch))
+
+    def single_seat_sweeps(self) -> int:
+        """How many (batch, rate sweep) seed pairs are counted with no follow-up because their ``@max``
+        runs one request at a time (:meth:`_seed_pairs`)."""
+        return sum(1 for b in self.batches for _, adds in self._seed_pairs(b) if not adds)
 
 
 def rate_sweep_seeds(lp: LoadPoint) -> list[LoadPoint]:

@@ -7,6 +7,7 @@ backend is ``synthetic`` and its dataset attribute ``synthetic`` is 1.
 
 :func:`simulated_label` is the one wording every table, report, export and page uses; it names
 the profiles and their calibration (GPU profiles: "uncalibrated (from published specs)").
+:func:`export_provenance` puts that label first in an exported command's provenance comment.
 :func:`mixed_message` is the refusal when simulated and measured trials would share a ranking,
 a front or a decision.
 """
@@ -14,7 +15,8 @@ a front or a decision.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from servetune.sim.profiles import PROFILE_NAMES, get_profile
 
@@ -43,6 +45,19 @@ def simulated_label(hardware_classes: Iterable[object]) -> str:
     if not parts:
         return SIMULATED
     return f"{SIMULATED} (profile {'; '.join(parts)})"
+
+
+def export_provenance(provenance: Mapping[str, Any], hardware_classes: Iterable[object],
+                      backends: Iterable[object] = ()) -> dict[str, Any]:
+    """The provenance of an exported ``vllm serve`` command (or config), led by its SIMULATED label
+    (``SIMULATED (profile ...)`` as the comment's first words) when any of the exported config's trials
+    (their ``hardware_classes`` and ``backends``) is simulated, so a simulated winner is never pasted
+    as if measured; ``provenance`` unchanged otherwise."""
+    classes = [str(c) for c in hardware_classes]
+    if not (any(str(b) == SIM_BACKEND for b in backends) or any(sim_profile(c) for c in classes)):
+        return dict(provenance)
+    detail = simulated_label(classes).removeprefix(SIMULATED).strip() or "(profile not recorded)"
+    return {SIMULATED: detail, **provenance}
 
 
 def mixed_message(what: str) -> str:

@@ -149,3 +149,46 @@ def test_retry_failed_is_one_rule_for_planned_trials_and_rate_sweep_followups(tm
     latest = store.latest_finished()
     for m, (_, runs) in zip(followups, RESUME_RULE):
         assert needs_run(latest.get(m.trial_id), retry_failed) is runs[retry_failed]
+
+
+TWO_SWEEPS = textwrap.dedent(
+    """
+    name: rs2
+    engine: {fixed: {max_model_len: 256}, grid: {max_num_seqs: [1, 4]}}
+    load_points:
+      - {name: a, rate_sweep: {num_rates: 3}, num_requests: 8, input_len: 16, output_len: 8}
+      - {name: b, rate_sweep: {num_rates: 2}, num_requests: 8, input_len: 16, output_len: 8}
+    repeats: 2
+    planner: {kind: grid, randomize: false}
+    """
+)
+
+
+def test_dry_run_counts_the_follow_up_starts_the_sweep_makes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One more server start per (batch, rate sweep) with follow-ups, none for a config whose @max runs
+    one request at a time (max_num_seqs 1): what expand_rate_sweeps queues once every seed is ok."""
+    from coordinator.summary import print_plan
+
+    spec = parse_spec(TWO_SWEEPS)
+    plan = plan_grid(spec)
+    store = Store.open(tmp_path / "rs2")
+    h = spec.spec_hash()
+    store.record_plan(h, spec.model_dump(mode="json"), None, plan)
+    for m in plan.trials():  # every seed ok, @max well above @sync: the sweep adds all it can
+        a = store.begin_attempt(m.trial_id, daemon_id="d", batch_id="b", spec_hash=h)
+        tput = 2.0 if m.load_point.name.endswith("sync") else 10.0
+        store.finish_attempt(m.trial_id, a, status="ok", failure_kind=None, error=None, submission_id="s",
+                             record={"m": m.trial_id}, metrics={"request_throughput": tput}, hardware_class=None)
+    work = expand_rate_sweeps(store, spec, plan, h)
+    assert len(work) == 2 * 2, "two sweeps x two repeats of the max_num_seqs=4 config, one start each"
+    assert all(w.batch.config.args.max_num_seqs == 4 for w in work)
+    n_trials = sum(len(w.trials) for w in work)
+    assert n_trials == (3 + 2) * 2
+    assert sum(plan.followup_starts(b) for b in plan.batches) == len(work)
+    assert sum(plan.followups_per_batch(b) for b in plan.batches) == n_trials
+    from rich.console import Console
+
+    print_plan(plan, spec, Console(width=400))
+    out = capsys.readouterr().out
+    assert f"+ {n_trials} rate-sweep follow-up trial(s) in {len(work)} more server start(s)" in out, out
+    assert "4 rate sweep(s) add no follow-ups" in out

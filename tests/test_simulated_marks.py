@@ -106,3 +106,48 @@ def test_simulated_and_measured_never_share_a_ranking_front_or_decision(mixed: x
     decision = recommend(mixed, n_boot=0)
     assert {c.hardware_class for c in decision.classes} == {"sim-1xH100-80G", "1xA100-80GB"}
     assert SIMULATED in doc["simulated"]
+
+
+def _serve_lines(commands: dict[str, str]) -> list[str]:
+    return [line for text in commands.values() for line in text.splitlines() if "# servetune:" in line]
+
+
+def test_the_reports_exported_commands_say_simulated(sim_only: xr.Dataset) -> None:
+    from dashboards.report import decision, decision_commands, winner_commands
+
+    doc = analyze(sim_only, n_boot=0)
+    doc["decision"] = decision(sim_only)
+    assert doc["decision"].get("classes"), "the simulated experiment has a decision"
+    for commands in (winner_commands(sim_only, doc), decision_commands(sim_only, doc)):
+        lines = _serve_lines(commands)
+        assert lines and all(line.startswith(f"# servetune: {H100_LABEL}, ") for line in lines), lines
+
+
+def test_the_decide_cli_export_says_simulated(sim_only: xr.Dataset, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    write_netcdf(sim_only, tmp_path / "results.nc")
+    assert recommend_main([str(tmp_path / "results.nc"), "--n-boot", "0", "--json"]) == 0
+    commands = json.loads(capsys.readouterr().out)["serve_commands"]
+    lines = _serve_lines(commands)
+    assert lines and all(line.startswith(f"# servetune: {H100_LABEL}, ") for line in lines), lines
+
+
+def test_the_dashboards_exported_command_says_simulated(sim_only: xr.Dataset, tmp_path: Path) -> None:
+    from dashboards.app import state
+
+    folder = tmp_path / "simexp"
+    folder.mkdir()
+    write_netcdf(sim_only, folder / "results.nc")
+    ds, df = state.dataset(folder), state.table(folder)
+    cid = str(df["config_id"].iloc[0])
+    first = state.serve_command(folder, ds, df, cid).splitlines()[0]
+    assert first.startswith(f"# servetune: {H100_LABEL}, "), first
+
+
+def test_measured_exports_carry_no_simulated_label(tmp_path: Path) -> None:
+    from dashboards.report import winner_commands
+
+    ds, _ = planted(n_configs=4, n_params=1, load_points=("lp",), hardware_classes=("1xH100-80GB",), seed=0)
+    measured = _as_simulated(ds, {})
+    lines = _serve_lines(winner_commands(measured, analyze(measured, n_boot=0)))
+    assert lines and not any(SIMULATED in line for line in lines)

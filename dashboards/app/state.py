@@ -554,5 +554,9 @@ def serve_command(folder: Path, ds: xr.Dataset, df: pd.DataFrame, config_id: str
         identity = {}
     provenance = {"experiment": ds.attrs.get("experiment", ""), "config": config_id[:16],
                   "spec": str(ds.attrs.get("spec_hash", ""))[:12]}
+    from servetune.simulated import export_provenance
+
+    provenance = export_provenance(provenance, rows["hardware_class"].tolist() if "hardware_class" in rows else [],
+                                   rows["backend"].tolist() if "backend" in rows else [])
     cmd = render(config, model_argument(identity if isinstance(identity, dict) else {}), provenance=provenance)
     return cmd.text()

@@ -16,7 +16,11 @@ that exist when asked for one that does not.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from servetune.tiny import TINY_MODEL_CONFIG
 
@@ -178,11 +182,32 @@ DEFAULT_SIM_SHAPE = "tiny"
 SHAPE_NAMES: tuple[str, ...] = tuple(SHAPES)
 
 
-def get_profile(name: str) -> HardwareProfile:
+#: a calibration file (:mod:`servetune.sim.calibrate` writes it) whose fitted overheads replace a profile's
+CALIBRATION_ENV = "SERVETUNE_SIM_CALIBRATION"
+
+
+def _calibrated(profile: HardwareProfile) -> HardwareProfile:
+    path = os.environ.get(CALIBRATION_ENV)
+    if not path:
+        return profile
+    doc = json.loads(Path(path).read_text()).get(profile.name)
+    if not doc:
+        return profile
+    fitted = doc["fitted"]
+    return dataclasses.replace(profile, calibration=str(doc["calibration"]),
+                               step_overhead_s=float(fitted["step_overhead_s"]),
+                               per_seq_overhead_s=float(fitted["per_seq_overhead_s"]),
+                               per_token_overhead_s=float(fitted["per_token_overhead_s"]))
+
+
+def get_profile(name: str, calibrated: bool = True) -> HardwareProfile:
+    """Profile ``name``; with its fitted overheads from the file ``SERVETUNE_SIM_CALIBRATION`` names
+    (when it has an entry for it) unless ``calibrated`` is false."""
     try:
-        return PROFILES[name]
+        profile = PROFILES[name]
     except KeyError:
         raise KeyError(f"unknown sim profile {name!r}; profiles: {', '.join(PROFILE_NAMES)}") from None
+    return _calibrated(profile) if calibrated else profile
 
 
 def get_shape(name: str) -> ModelShape:
