@@ -147,8 +147,9 @@ def effect_sentence(claim: Claim, ctx: Context, param: str, a: Any, b: Any, metr
 #: partial dependence or an interaction (the regressions give those where they can be fitted; with
 #: fewer configs nothing calibrated is left): forests shrink effects towards zero, so the refits
 #: miss the truth far more often than 5% of the time. Measured by ``benchmarks/analysis/coverage.py``.
-NO_FOREST_INTERVAL = ("on planted surfaces with 10 configs x 3 repeats their 95% intervals covered the true "
-                      "change in 83%, the 2-D surface in 80% and a real interaction in 0% of simulated experiments")
+NO_FOREST_INTERVAL = ("a forest pulls effects towards zero, so the spread of its refits sits around a shrunken "
+                      "estimate and misses the true value far more often than the stated 5% (measured by "
+                      "benchmarks/analysis/coverage.py; figures in benchmarks/RESULTS.md)")
 
 
 def percentile_interval(samples: Sequence[float] | np.ndarray, estimate: float | None = None,

@@ -162,12 +162,12 @@ def interactions(ds: xr.Dataset, metric: str | None = None, load_point: str | No
         parameter in ``pairs``.
     """
     sur = fit_surrogate(ds, metric, load_point, hardware_class, seed, max_rows, n_trees, include_failover)
-    return interactions_from(sur, ds, pairs=pairs, max_pairs=max_pairs, n_boot=n_boot, h_rows=h_rows,
+    return interactions_from(sur, ds, pairs=pairs, max_pairs=max_pairs, h_rows=h_rows,
                              shap_rows=shap_rows)
 
 
 def interactions_from(sur: Surrogate, ds: xr.Dataset, pairs: Sequence[tuple[str, str]] | None = None,
-                      max_pairs: int = 100, n_boot: int = 10, h_rows: int = 80,
+                      max_pairs: int = 100, h_rows: int = 80,
                       shap_rows: int = 24) -> InteractionResult:
     """:func:`interactions` on an already fitted surrogate (reuses its bootstrap refits)."""
     notes = Notes(list(sur.warnings), list(sur.subsampled))

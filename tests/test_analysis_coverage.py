@@ -125,7 +125,7 @@ def test_small_experiments_warn_instead_of_claiming():
             assert {w.code for w in pd2.warnings} >= {"no_interval"} and "forest_bands" not in {
                 w.code for w in pd2.warnings}
             assert np.all(np.isnan(np.array(pd2.low, dtype=float))) and np.all(np.isfinite(np.array(pd2.estimate)))
-            inter = interactions_from(sur, ds, n_boot=3, h_rows=40)
+            inter = interactions_from(sur, ds, h_rows=40)
             for pair in inter.pairs:
                 assert pair.source == "forest" and "no_interval" in {w.code for w in pair.warnings}
                 assert math.isnan(pair.strength.low) and math.isnan(pair.h2.high)

@@ -128,7 +128,7 @@ def true_levels(sur: Surrogate, truth: Truth, j: int, codes: np.ndarray) -> np.n
     return np.array(out)
 
 
-def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int = 10, full: bool = True) -> None:
+def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, full: bool = True) -> None:
     """Analyse one seeded dataset and add its intervals and verdicts to ``tally`` (``full=False``:
     the verdicts only)."""
     ds, truth = dataset(size, seed)
@@ -163,7 +163,7 @@ def run_seed(size: str, seed: int, tally: Tally, n_boot: int = 50, h_boot: int =
         tally.warned[(size, code)].append(code in fired)
     if truth.interaction is not None and all(n in [f.name for f in sur.features] for n in truth.interaction):
         pair_pd(sur, ds, truth, size, tally, n_boot)
-    inter = interactions_from(sur, ds, n_boot=h_boot, h_rows=H_ROWS)
+    inter = interactions_from(sur, ds, h_rows=H_ROWS)
     rows = sample_rows(len(sur.y), H_ROWS, np.random.default_rng([sur.seed, 5]))
     chosen = [(sur.index(p.params[0]), sur.index(p.params[1])) for p in inter.pairs]
     true_h2, true_strength, _ = h2_statistics(TrueModel(sur, truth), sur.X[rows], chosen)
