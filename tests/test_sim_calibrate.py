@@ -1,4 +1,4 @@
-"""The sim calibration fit (servetune.sim.calibrate) recovers overheads planted in data the simulator made."""
+"""The sim calibration fit (benchmarks.sim_calibrate) recovers overheads planted in data the simulator made."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servetune.sim import calibrate
-from servetune.sim.calibrate import PARAMS, Run, fit, load_runs, predict, with_params
+from benchmarks import sim_calibrate as calibrate
+from benchmarks.sim_calibrate import PARAMS, Run, fit, load_runs, predict, with_params
 from servetune.sim.profiles import CALIBRATION_ENV, get_profile
 
 PLANTED = (3.0e-3, 0.8e-3, 0.04e-3)

@@ -182,7 +182,7 @@ DEFAULT_SIM_SHAPE = "tiny"
 SHAPE_NAMES: tuple[str, ...] = tuple(SHAPES)
 
 
-#: a calibration file (:mod:`servetune.sim.calibrate` writes it) whose fitted overheads replace a profile's
+#: a calibration file (:mod:`benchmarks.sim_calibrate` writes it) whose fitted overheads replace a profile's
 CALIBRATION_ENV = "SERVETUNE_SIM_CALIBRATION"
 
 

@@ -1,6 +1,6 @@
 """Fit a sim profile's overheads to real runs, with a leave-one-out check of its prediction error.
 
-``python -m servetune.sim.calibrate [RUNS.json] [--out FILE]`` reads real trials (the format of
+``python -m benchmarks.sim_calibrate [RUNS.json] [--out FILE]`` reads real trials (the format of
 ``tests/data/sim-calibration/quickstart-real.json``: ``runs`` of ``engine``, ``load_point`` and
 ``metrics``), simulates each noiselessly (:func:`daemon.sim_backend.expected_trial`) and fits the
 profile's per-step costs that the step-time model (:mod:`servetune.sim.steptime`) adds to the
@@ -44,7 +44,7 @@ START_GRID: dict[str, tuple[float, ...]] = {"step_overhead_s": (1e-3, 1e-2), "pe
 LOSS, F_SCALE = "soft_l1", 0.3
 #: (metric, index into the quantile list or None for a scalar)
 FIT_METRICS: tuple[tuple[str, int | None], ...] = (("request_throughput", None), ("ttft_ms", 0), ("tpot_ms", 0))
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "sim-calibration" / "quickstart-real.json"
+DEFAULT_RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "sim-calibration" / "quickstart-real.json"
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def leave_one_out(runs: Sequence[Run], profile: HardwareProfile, shape: str = "t
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m servetune.sim.calibrate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sim_calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="?", type=Path, default=DEFAULT_RUNS, help="real runs (JSON)")
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--model-shape", default="tiny")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": [_key(n, i) for n, i in FIT_METRICS],
         "leave_one_out_median_abs_pct_error": loo,
     }
-    text = (f"fitted to {len(runs)} real runs ({args.runs.name}) by python -m servetune.sim.calibrate"
+    text = (f"fitted to {len(runs)} real runs ({args.runs.name}) by python -m benchmarks.sim_calibrate"
             + (f"; leave-one-out median abs error {loo['after']['all']:.0f}%" if loo else ""))
     doc["calibration"] = text
     args.out.write_text(json.dumps({args.profile: doc}, indent=1) + "\n")
