@@ -266,7 +266,9 @@ class _LoadGate:
     finish before the page has loaded wait here and are applied, each on its own tick, once it has."""
 
     def __init__(self, doc: Any) -> None:
-        self.doc = doc
+        # weakly: the gate is the value of a WeakKeyDictionary keyed by this document, and a strong
+        # reference from the value would keep every ended session's document alive
+        self.doc = weakref.ref(doc)
         self.loaded = False
         self.waiting: list[Callable[[], None]] = []
 
@@ -281,8 +283,11 @@ class _LoadGate:
         """Panel's ``onload`` callback: the page has loaded; apply what waited."""
         self.loaded = True
         waiting, self.waiting = self.waiting, []
+        doc = self.doc()
+        if doc is None:  # the session ended
+            return
         for apply in waiting:
-            self.doc.add_next_tick_callback(apply)
+            doc.add_next_tick_callback(apply)
 
 
 #: the load gate of each live session's document
