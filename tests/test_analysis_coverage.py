@@ -85,19 +85,24 @@ def test_regression_interaction_strength_covers_the_planted_one(large):
 
 
 def test_one_verdict_for_pd_importance_and_text(large):
-    ds, _, sur = large[0]
-    verdicts = parameter_verdicts(sur)
-    imp = importance_from(sur, ds, n_boot=20)
-    for f in sur.features:
-        pdr = partial_dependence_from(sur, ds, f.name, n_boot=10, ice=False)
-        entry = imp.get(f.name)
-        assert pdr.verdict == entry.verdict == verdicts[f.name].verdict
-        assert pdr.sentence is not None and f"verdict: {pdr.verdict}" in pdr.sentence
-        # an interval that excludes no change never stands beside a verdict of noise
-        if pdr.change is not None and pdr.change.excludes(0.0):
-            assert pdr.verdict == "important", (f.name, pdr.change)
-        assert entry.main_effect == pdr.change
-    assert verdicts["max_num_seqs"].verdict == "important"
+    # seed 3 holds the case the rule is for: prefix caching's main effect excludes no change while
+    # the forest does not beat the probe (seed 0 alone let a verdict that ignored the regression pass)
+    regression_only = 0
+    for ds, _, sur in (large[0], large[3]):
+        verdicts = parameter_verdicts(sur)
+        imp = importance_from(sur, ds, n_boot=20)
+        for f in sur.features:
+            pdr = partial_dependence_from(sur, ds, f.name, n_boot=10, ice=False)
+            entry = imp.get(f.name)
+            assert pdr.verdict == entry.verdict == verdicts[f.name].verdict
+            assert pdr.sentence is not None and f"verdict: {pdr.verdict}" in pdr.sentence
+            # an interval that excludes no change never stands beside a verdict of noise
+            if pdr.change is not None and pdr.change.excludes(0.0):
+                assert pdr.verdict == "important", (f.name, pdr.change)
+            assert entry.main_effect == pdr.change
+            regression_only += pdr.verdict == "important" and "random probe" not in verdicts[f.name].why
+        assert verdicts["max_num_seqs"].verdict == "important"
+    assert regression_only >= 1, "no parameter was important by its main effect alone: the check above is idle"
 
 
 def test_small_experiments_warn_instead_of_claiming():
@@ -113,7 +118,8 @@ def test_small_experiments_warn_instead_of_claiming():
         assert pdr.bands == "forest"
         # the forest's bands per grid value are stated (they covered 97.5% at this size) ...
         assert all(math.isfinite(x) for x in pdr.low + pdr.high)
-        # ... but not an interval of the change, whose refit spread under-covered (83%, RESULTS.md)
+        # ... but not an interval of the change: the refit spread, when it was stated, covered 82.9% of
+        # 140 planted changes (RESULTS.md, coverage notes; the table now counts them as not stated)
         assert pdr.change is not None and math.isfinite(pdr.change.estimate)
         assert math.isnan(pdr.change.low) and math.isnan(pdr.change.high)
         assert pdr.sentence is not None and "no 95% interval" in pdr.sentence and "nan" not in pdr.sentence
