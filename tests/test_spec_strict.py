@@ -119,6 +119,33 @@ def test_validate_and_sweep_exit_2_and_write_nothing(
     assert not root.exists(), "an invalid spec must not create anything"
 
 
+def test_oversized_spec_and_dataset_files_are_refused_by_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spec file over MAX_SPEC_BYTES and a dataset file over MAX_DATASET_BYTES (sparse files: no disk
+    is used) are refused by their size, naming the key path, before they are read: exit 2, nothing written."""
+    from servetune.spec import MAX_DATASET_BYTES
+
+    big_spec = tmp_path / "big-spec.yaml"
+    with big_spec.open("wb") as f:
+        f.truncate(MAX_SPEC_BYTES + 1)
+    data = tmp_path / "huge.jsonl"
+    with data.open("wb") as f:
+        f.truncate(MAX_DATASET_BYTES + 1)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(GOOD.replace("input_len: 32, output_len: 16}",
+                                      f"dataset: {{kind: jsonl, path: {data}}}, input_len: 32, output_len: 16}}", 1))
+    cases = [(big_spec, f"is {MAX_SPEC_BYTES + 1:,} bytes; a spec file may hold at most {MAX_SPEC_BYTES:,}"),
+             (spec_file, f"load_points[0].dataset.path: {data} is {MAX_DATASET_BYTES + 1:,} bytes; a dataset file "
+                         f"may hold at most {MAX_DATASET_BYTES:,}")]
+    root = tmp_path / "runs"
+    for path, needle in cases:
+        for argv in (["validate", str(path)], ["sweep", str(path), "--results-root", str(root)]):
+            code, err = _cli(capsys, *argv)
+            assert code == 2 and needle in err, (argv, code, err)
+    assert not root.exists(), "an invalid spec must not create anything"
+
+
 #: Run in a child under `timeout` and an address-space limit: every case through the real CLI,
 #: both commands; prints one JSON line per command.
 _CHILD = textwrap.dedent(
