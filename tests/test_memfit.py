@@ -215,3 +215,15 @@ def test_a_hub_model_prunes_nothing_and_says_why() -> None:
     assert pruner is None and notes == ("memory: no engine config pruned: the model's config.json of hub model "
                                         "meta-llama/Meta-Llama-3-8B is not read where the sweep is planned",)
     assert plan_experiment(spec).pruned == ()
+
+
+def test_preview_names_the_pruned_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVETUNE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "spec.yaml"
+    path.write_text(SIM_SPEC)
+    assert main(["sweep", str(path), "--preview"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("pruned before any trial (not simulated, no start paid): ") == 2
+    assert "SIMULATED cost on H100-80G: 4 server starts" in out
+    assert "would not start" not in out  # the simulator is never asked to start what was pruned
