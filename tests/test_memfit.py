@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main
+from coordinator.dataset import build_dataset
 from coordinator.planning import plan_experiment
 from coordinator.store import Store
 from servetune.memfit import (
@@ -146,10 +147,14 @@ def test_planning_prunes_what_cannot_fit_and_keeps_the_rest(tmp_path: Path) -> N
     try:
         store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), None, plan)
         recorded = store.pruned_configs(spec.spec_hash())
+        in_dataset = json.loads(str(build_dataset(store).attrs["pruned_configs"]))
     finally:
         store.close()
     assert {r["config_id"] for r in recorded} == {p.config_id for p in plan.pruned}
     assert all(r["reason"].startswith("does not fit in device memory") for r in recorded)
+    assert [(r["config_id"], r["reason"]) for r in in_dataset] == [(p.config_id, p.reason) for p in plan.pruned]
+    assert {r["config_label"] for r in in_dataset} == {f"max_num_seqs={n} gpu_mem_util=0.2 max_model_len=8192"
+                                                       for n in (64, 256)}
 
 
 def test_dry_run_lists_the_pruned_configs_with_their_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
