@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.report import _design_warnings
 from coordinator.cli import main
 from coordinator.dataset import build_dataset
 from coordinator.planning import plan_experiment
@@ -147,7 +148,8 @@ def test_planning_prunes_what_cannot_fit_and_keeps_the_rest(tmp_path: Path) -> N
     try:
         store.record_plan(spec.spec_hash(), spec.model_dump(mode="json"), None, plan)
         recorded = store.pruned_configs(spec.spec_hash())
-        in_dataset = json.loads(str(build_dataset(store).attrs["pruned_configs"]))
+        ds = build_dataset(store)
+        in_dataset = json.loads(str(ds.attrs["pruned_configs"]))
     finally:
         store.close()
     assert {r["config_id"] for r in recorded} == {p.config_id for p in plan.pruned}
@@ -155,6 +157,10 @@ def test_planning_prunes_what_cannot_fit_and_keeps_the_rest(tmp_path: Path) -> N
     assert [(r["config_id"], r["reason"]) for r in in_dataset] == [(p.config_id, p.reason) for p in plan.pruned]
     assert {r["config_label"] for r in in_dataset} == {f"max_num_seqs={n} gpu_mem_util=0.2 max_model_len=8192"
                                                        for n in (64, 256)}
+    warnings = [w for w in _design_warnings(ds) if w["code"] == "pruned"]  # the report names them
+    assert [w["subject"] for w in warnings] == [f"config {p.config_id[:12]}" for p in plan.pruned]
+    assert all("was pruned before any trial, so it has no results: does not fit in device memory" in w["message"]
+               for w in warnings)
 
 
 def test_dry_run_lists_the_pruned_configs_with_their_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
