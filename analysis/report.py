@@ -206,7 +206,8 @@ def _analyze_one(ds: xr.Dataset, metric: str | None, load_point: str | None, pol
 def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
     """What the design itself hides: aliased settings (:func:`analysis.frame.aliases`) and
     parameters that vary only between one set value and vLLM's default, which the parameter
-    analyses leave out (:func:`analysis.frame.parameters`). Named, never dropped silently."""
+    analyses leave out (:func:`analysis.frame.parameters`), and the engine configs planning pruned
+    before any trial (the dataset's ``pruned_configs``). Named, never dropped silently."""
     from analysis.frame import aliases
 
     out = [{"code": "aliased", "message": a.sentence, "subject": f"{a.a}, {a.b}", "section": "design"}
@@ -228,6 +229,11 @@ def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
             if str(text):
                 out.append({"code": "retried", "subject": f"trial {str(tid)[:12]} @ {lp}", "section": "design",
                             "message": f"{text} (the result stands; runs/<name>/retries.jsonl has each lost attempt)"})
+    for pruned in json.loads(str(ds.attrs.get("pruned_configs", "") or "[]")):  # servetune.memfit, before any trial
+        where = f" on {pruned['hardware_target']}" if pruned.get("hardware_target") else ""
+        out.append({"code": "pruned", "subject": f"config {str(pruned['config_id'])[:12]}{where}", "section": "design",
+                    "message": f"{pruned['config_label']}{' (baseline)' if pruned.get('is_baseline') else ''} was "
+                               f"pruned before any trial, so it has no results: {pruned['reason']}"})
     return out
 
 

@@ -60,7 +60,8 @@ class AdaptiveLoop:
         self.planner.restore(history)
         self.restored = len(configs)
         self.next_index = max(by_index) + 1
-        template = plan_configs(self.spec, [], design=self.planner.design, notes=self.planner.notes)
+        template = plan_configs(self.spec, [], design=self.planner.design, notes=self.planner.notes,
+                            prune=False)
         return replace(template, batches=batches)
 
     def settle(self, store: Store) -> list[PlannedBatch]:
@@ -91,7 +92,8 @@ class AdaptiveLoop:
         configs = self.planner.ask()
         if not configs:
             return []
-        plan = plan_configs(self.spec, configs, design=self.planner.design, notes=self.planner.notes)
+        plan = plan_configs(self.spec, configs, design=self.planner.design, notes=self.planner.notes,
+                            prune=False)
         # the baseline batches run around the first batch only: planned again they would be the same trials
         asked = [b for b in plan.batches if not b.is_baseline]
         out = [replace(b, index=self.next_index + k) for k, b in enumerate(asked)]

@@ -20,6 +20,7 @@ import xarray as xr
 
 from coordinator.store import AttemptRow, Store, now_us
 from servetune.canonical import canonical_json
+from servetune.manifest import EngineConfig
 from servetune.metrics import DEFAULT_QUANTILES
 from servetune.netcdf import write_netcdf
 from servetune.schema import DATASET_FILE, QUANTILE_VARIABLES, SCALAR_VARIABLES, SCHEMA_VERSION
@@ -151,6 +152,10 @@ def build_dataset(store: Store) -> xr.Dataset:
             "slos": json.dumps(spec_json.get("slos", [])),
             "ranking": json.dumps(spec_json.get("ranking", {})),
             "gpu_hour_prices": json.dumps(spec_json.get("gpu_hour_prices") or {}, sort_keys=True),
+            "pruned_configs": canonical_json([
+                {"config_id": p["config_id"], "config_label": EngineConfig.model_validate(p["engine"]).label(),
+                 "hardware_target": p["hardware_target"] or "", "is_baseline": p["is_baseline"], "reason": p["reason"]}
+                for p in (store.pruned_configs(current) if current else [])]),
         }
     )
     return ds

@@ -287,6 +287,9 @@ def build_preview(spec: ExperimentSpec, plan: Plan, target: PreviewTarget, answe
     prof = get_profile(target.profile)
     is_gpu = prof.kv_cache_bytes is None
     notes = [f"profile {target.profile} from {target.why}; model shape {target.shape}"]
+    notes += [f"pruned before any trial (not simulated, no start paid): {p.config.label(swept)}"
+              f"{' [baseline]' if p.is_baseline else ''}: {p.reason}"
+              for p in plan.pruned if target.label is None or p.hardware_target == target.label]
     notes += [f"load point {lp} not simulated (a hole in the preview, not in the cost): {why}"
               for lp, why in skipped.items()]
     sweeps = [{**s, "config_label": configs[s["config_id"]].label(swept)} for s in answer.get("rate_sweeps", [])]

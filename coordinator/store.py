@@ -50,6 +50,9 @@ from servetune.states import check_attempt
 
 log = logging.getLogger(__name__)
 
+#: meta key prefix (then the spec hash) of the configs a plan pruned before any trial (JSON list)
+_PRUNED_KEY = "pruned_configs:"
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS specs (
@@ -245,6 +248,12 @@ class Store:
             )
             c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('current_spec', ?)", (spec_hash,))
             c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('experiment', ?)", (plan.experiment,))
+            if plan.pruned:
+                c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (
+                    f"{_PRUNED_KEY}{spec_hash}", canonical_json([
+                        {"config_id": p.config_id, "engine": p.config.model_dump(mode="json"),
+                         "hardware_target": p.hardware_target, "is_baseline": p.is_baseline, "reason": p.reason}
+                        for p in plan.pruned])))
             order = 0
             for batch in plan.batches:
                 for m in batch.trials:
@@ -260,6 +269,12 @@ class Store:
                         (spec_hash, m.trial_id, order, batch.index),
                     )
                     order += 1
+
+    def pruned_configs(self, spec_hash: str) -> list[dict[str, Any]]:
+        """The engine configs the plan of ``spec_hash`` left out before any trial (``config_id``,
+        ``engine``, ``hardware_target``, ``is_baseline``, ``reason``), as :meth:`record_plan` recorded them."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (f"{_PRUNED_KEY}{spec_hash}",)).fetchone()
+        return list(json.loads(row["value"])) if row else []
 
     def add_trials(self, spec_hash: str, manifests: list[TrialManifest], batch_index: int) -> None:
         """Record trials planned during a sweep (a rate sweep's follow-ups) under ``spec_hash``."""

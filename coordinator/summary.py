@@ -33,7 +33,7 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     """``sweep --dry-run``: configs, trials, server starts and estimated time; runs nothing."""
     configs = plan.configs()
     trials = plan.trials()
-    swept = swept_names(configs.values()) or None
+    swept = swept_names([*configs.values(), *(p.config for p in plan.pruned)]) or None
     sampled = ""
     if plan.design != "grid":
         n_sampled = len({b.config_id for b in plan.batches if not b.is_baseline})
@@ -71,12 +71,30 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     )
     for note in plan.notes:
         console.print(f"note: {note}")
+    print_pruned(plan, console, swept)
     single = plan.single_seat_sweeps()
     if single:
         console.print(f"note: {single} rate sweep(s) add no follow-ups: with max_num_seqs or the sweep's "
                       "max_concurrency 1, @max runs one request at a time like @sync and cannot beat its "
                       "throughput but by noise, so the sweep plans none for them")
     console.print("dry run: nothing was started or written")
+
+
+def print_pruned(plan: Plan, console: Console, swept: list[str] | None = None, notes: bool = True) -> None:
+    """The configs planning left out before any trial, each with its reason, and (``notes``) where
+    the memory check could prune nothing, why."""
+    for note in plan.prune_notes if notes else ():
+        console.print(f"note: {escape(note)}")
+    if not plan.pruned:
+        return
+    if swept is None:
+        swept = swept_names([*plan.configs().values(), *(p.config for p in plan.pruned)]) or None
+    console.print(f"pruned before any trial: {len(plan.pruned)} engine config(s) that cannot run (no trial is "
+                  "planned for them):")
+    for p in plan.pruned:
+        where = f" on {p.hardware_target}" if p.hardware_target else ""
+        console.print(f"  pruned {p.config_id[:12]} {escape(p.config.label(swept))}"
+                      f"{' [baseline]' if p.is_baseline else ''}{escape(where)}: {escape(p.reason)}")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

@@ -60,7 +60,7 @@ from coordinator.progress import SweepProgress
 from coordinator.retries import RetryEvent, RetryLog
 from coordinator.schedule import ScheduleBook
 from coordinator.store import Store
-from coordinator.summary import output_console, print_plan, print_ranking, spec_changes
+from coordinator.summary import output_console, print_plan, print_pruned, print_ranking, spec_changes
 from coordinator.targets import prior_bindings
 from coordinator.transport import RouterEndpoint
 from coordinator.trust import SweepKeys, sweep_keys
@@ -358,6 +358,7 @@ class SweepRunner:
                 self.console.print(f"resuming: the {self.spec.planner.kind} planner's history rebuilt from "
                                    f"{self.adaptive.restored} engine config(s) planned before")
         store.record_plan(self.spec_hash, self.spec.model_dump(mode="json"), self.source_text, self.plan)
+        print_pruned(self.plan, self.console, notes=False)
         if self.adaptive is not None:
             self.plan = replace(self.plan, batches=self.plan.batches + tuple(self.adaptive.settle(store)))
             self._note_labels([BatchWork(batch=b, trials=b.trials) for b in self.plan.batches])

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from servetune.canonical import drop_added_defaults, sha256_json
+from servetune.memfit import memory_pruner
 from servetune.spec import (
     DERIVED_MARK,
     MAX_MODEL_CONFIG_BYTES,
@@ -188,6 +189,21 @@ class PlannedBatch:
 
 
 @dataclass(frozen=True)
+class PrunedConfig:
+    """An engine config planning left out before any trial, on one hardware target, and why
+    (:func:`servetune.memfit.memory_pruner`): it is recorded with the plan, never dropped silently."""
+
+    config: EngineConfig
+    hardware_target: str | None
+    reason: str
+    is_baseline: bool = False
+
+    @property
+    def config_id(self) -> str:
+        return self.config.config_id
+
+
+@dataclass(frozen=True)
 class Plan:
     """The whole run order of an experiment, with how it was made (for provenance)."""
 
@@ -199,6 +215,10 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: rate-sweep load point name -> how many follow-up rates each of its seed pairs adds
     followup_rates: dict[str, int] = field(default_factory=dict)
+    #: configs left out before any trial (they cannot fit in device memory), with the reason
+    pruned: tuple[PrunedConfig, ...] = field(default_factory=tuple)
+    #: where the memory check could prune nothing, why (e.g. no hardware target names its memory)
+    prune_notes: tuple[str, ...] = field(default_factory=tuple)
 
     def trials(self) -> list[TrialManifest]:
         return [t for b in self.batches for t in b.trials]
@@ -314,10 +334,15 @@ def for_target(trials: tuple[TrialManifest, ...], target: str | None) -> tuple[T
 
 
 def plan_configs(
-    spec: ExperimentSpec, configs: Sequence[EngineConfig], *, design: str = "grid", notes: Sequence[str] = ()
+    spec: ExperimentSpec, configs: Sequence[EngineConfig], *, design: str = "grid", notes: Sequence[str] = (),
+    prune: bool = True,
 ) -> Plan:
     """Plan ``configs`` (chosen by a design, in the engine space's order) x load point x repeat, as
     :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan.
+
+    With ``prune``, a batch whose config cannot fit in the device memory of its hardware target
+    (:func:`servetune.memfit.memory_pruner`) is left out and recorded in :attr:`Plan.pruned` with
+    the reason, once per (config, target); where nothing can be pruned :attr:`Plan.prune_notes` say why.
 
     With hardware targets (``spec.hardware``), every batch is planned once per target, one after
     the other in the spec's order (``b0@A, b0@B, b1@A, ...``), with the same load-point order, the
@@ -370,9 +395,23 @@ def plan_configs(
         run += 1
         ordered.append(make_batch(bl_config, bl_lps, 0, run))
     targets: list[str | None] = list(spec.hardware.labels() if spec.hardware is not None else []) or [None]
+    pruner, prune_notes = memory_pruner(spec) if prune else (None, ())
+    verdicts: dict[tuple[str, str | None], str | None] = {}
+    pruned: list[PrunedConfig] = []
+    kept: list[tuple[PlannedBatch, str | None]] = []
+    for b in ordered:
+        for t in targets:
+            key = (b.config_id, t)
+            if pruner is not None and key not in verdicts:
+                verdicts[key] = reason = pruner(b.config.args.model_dump(exclude_none=True), b.config.env, t)
+                if reason is not None:
+                    pruned.append(PrunedConfig(config=b.config, hardware_target=t, reason=reason,
+                                               is_baseline=b.is_baseline))
+            if verdicts.get(key) is None:
+                kept.append((b, t))
     batches = tuple(
         PlannedBatch(index=i, config=b.config, trials=for_target(b.trials, target), is_baseline=b.is_baseline)
-        for i, (b, target) in enumerate((b, t) for b in ordered for t in targets)
+        for i, (b, target) in enumerate(kept)
     )
     return Plan(
         experiment=spec.name,
@@ -382,4 +421,6 @@ def plan_configs(
         seed=spec.planner.seed,
         notes=tuple(notes),
         followup_rates={lp.name: lp.rate_sweep.num_rates for lp in spec.load_points if lp.rate_sweep},
+        pruned=tuple(pruned),
+        prune_notes=prune_notes,
     )

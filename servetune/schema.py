@@ -49,7 +49,10 @@ Attributes
     ``model`` (JSON identity), ``created_at_us``, ``swept_parameters`` (JSON list), ``slos``
     (JSON), ``ranking`` (JSON), ``gpu_hour_prices`` (JSON object: hardware class, as the
     ``hardware_class`` coordinate names it, -> US dollars per GPU-hour, from the current spec's
-    optional ``gpu_hour_prices``; ``"{}"`` when the spec gives none).
+    optional ``gpu_hour_prices``; ``"{}"`` when the spec gives none), ``pruned_configs`` (JSON
+    list: the engine configs planning left out before any trial because they cannot fit in device
+    memory, each ``{config_id, config_label, hardware_target ("" for none), is_baseline, reason}``;
+    ``"[]"`` when none was: :mod:`servetune.memfit`).
 
 Per-request samples and server-metric time series are per-trial artifacts under
 ``results/<trial_id>/`` (``outcome.samples`` and ``outcome.server_series`` of each attempt's

@@ -87,7 +87,8 @@ class Planner(ABC):
         """``configs`` (default: what :meth:`ask` returns now) planned as batches x load point x
         repeat (:func:`servetune.manifest.plan_configs`), with this design's label and notes."""
         chosen = self.ask() if configs is None else configs
-        return plan_configs(self.spec, chosen, design=self.design, notes=self.notes)
+        # an adaptive design is told every config it asked for: a pruned one would never be
+        return plan_configs(self.spec, chosen, design=self.design, notes=self.notes, prune=not self.adaptive)
 
 
 P = TypeVar("P", bound=type[Planner])

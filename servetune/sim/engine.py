@@ -53,12 +53,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from servetune.errors import ServetuneError
+from servetune.memfit import (  # noqa: F401 - DEFAULT_*, resolve_config: the engine's names for them too
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    SimEngineConfig,
+    memory_need,
+    resolve_config,
+)
 from servetune.sim.profiles import GIB, HardwareProfile, ModelShape
 from servetune.sim.steptime import DecodeLine, StepModel
-
-#: vLLM's default --gpu-memory-utilization (vllm/config/cache.py)
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-DEFAULT_BLOCK_SIZE = 16
 
 #: why a request ended without finishing (the adapter turns them into the load generator's wording)
 CANCEL_WINDOW = "window"
@@ -85,50 +88,6 @@ class NoiseModel:
     warm_sigma: float = 0.03
 
 
-@dataclass(frozen=True)
-class SimEngineConfig:
-    """vLLM engine args as the simulated server resolved them (vLLM's defaults filled in)."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    chunked_prefill: bool
-    prefix_caching: bool
-    block_size: int
-    max_model_len: int
-    tensor_parallel_size: int
-    gpu_memory_utilization: float
-    enforce_eager: bool
-    cpu_kvcache_space_gib: float | None = None
-
-
-def resolve_config(args: Mapping[str, object], env: Mapping[str, str], profile: HardwareProfile,
-                   shape: ModelShape) -> SimEngineConfig:
-    """Fill vLLM's defaults into ``args`` (an :class:`~servetune.spec.EngineArgs` dump without Nones)."""
-
-    def get(name: str, default: object) -> object:
-        value = args.get(name)
-        return default if value is None else value
-
-    chunked = bool(get("enable_chunked_prefill", True))
-    max_model_len = int(get("max_model_len", shape.max_position_embeddings))  # type: ignore[call-overload]
-    default_mnbt = profile.default_max_num_batched_tokens
-    if not chunked:
-        default_mnbt = max(default_mnbt, max_model_len)
-    cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE")
-    return SimEngineConfig(
-        max_num_seqs=int(get("max_num_seqs", profile.default_max_num_seqs)),  # type: ignore[call-overload]
-        max_num_batched_tokens=int(get("max_num_batched_tokens", default_mnbt)),  # type: ignore[call-overload]
-        chunked_prefill=chunked,
-        prefix_caching=bool(get("enable_prefix_caching", True)),
-        block_size=int(get("block_size", DEFAULT_BLOCK_SIZE)),  # type: ignore[call-overload]
-        max_model_len=max_model_len,
-        tensor_parallel_size=int(get("tensor_parallel_size", 1)),  # type: ignore[call-overload]
-        gpu_memory_utilization=float(get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),  # type: ignore[arg-type]
-        enforce_eager=bool(get("enforce_eager", False)),
-        cpu_kvcache_space_gib=float(cpu_space) if cpu_space else None,
-    )
-
-
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
@@ -136,10 +95,9 @@ def _gib(n: float) -> str:
 def kv_capacity(cfg: SimEngineConfig, profile: HardwareProfile, shape: ModelShape) -> int:
     """KV-cache blocks the server gets, or :class:`SimStartError` with vLLM's wording.
 
-    GPU: ``gpu_memory_utilization x memory`` minus the weights (split ``tp`` ways), the peak
-    activations of a ``max_num_batched_tokens`` forward pass (``tokens x (2 x intermediate + 4 x
-    hidden) x dtype / tp`` plus float32 logits for ``max_num_seqs`` sequences) and the profile's
-    reserve. CPU: ``VLLM_CPU_KVCACHE_SPACE`` GiB (the profile's default when unset).
+    GPU: ``gpu_memory_utilization x memory`` minus the weights, the peak activations and the
+    profile's reserve (:func:`servetune.memfit.memory_need`, the estimate planning prunes by).
+    CPU: ``VLLM_CPU_KVCACHE_SPACE`` GiB (the profile's default when unset).
     """
     tp = cfg.tensor_parallel_size
     if cfg.max_num_batched_tokens < cfg.max_model_len and not cfg.chunked_prefill:
@@ -160,13 +118,11 @@ def kv_capacity(cfg: SimEngineConfig, profile: HardwareProfile, shape: ModelShap
             f"ValueError: The number of required GPUs ({tp}) exceeds the total number of available GPUs "
             f"({profile.max_devices}) of profile {profile.name}.")
     kv_token = shape.kv_bytes_per_token(tp)
+    need = memory_need(cfg, profile, shape)
     if profile.kv_cache_bytes is not None:
         available = (cfg.cpu_kvcache_space_gib * GIB) if cfg.cpu_kvcache_space_gib else profile.kv_cache_bytes
     else:
-        activations = (cfg.max_num_batched_tokens * (2 * shape.intermediate_size + 4 * shape.hidden_size)
-                       * shape.dtype_bytes / tp + cfg.max_num_seqs * shape.vocab_size * 4)
-        available = (cfg.gpu_memory_utilization * profile.memory_bytes - shape.weight_bytes / tp
-                     - activations - profile.reserved_bytes)
+        available = need.kv_available
     if available <= 0:
         raise SimStartError(
             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
@@ -174,7 +130,7 @@ def kv_capacity(cfg: SimEngineConfig, profile: HardwareProfile, shape: ModelShap
             "its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
     bs = cfg.block_size
     num_blocks = int(available // (kv_token * bs))
-    needed = math.ceil(cfg.max_model_len / bs) * bs * kv_token
+    needed = need.kv_one_sequence
     if needed > available:
         estimated = num_blocks * bs
         est = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
