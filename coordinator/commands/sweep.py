@@ -9,12 +9,8 @@ from typing import Any
 
 from coordinator.fleet import DEFAULT_FLEET_BIND, LOCAL_BIND, fleet_settings, merge_groups
 from coordinator.planning import planner_class
-from coordinator.store import Store
-from coordinator.sweep import SweepOptions, SweepRunner
-from coordinator.transport import BindError
 from servetune.errors import ExperimentNotFoundError, SpecError, SpecIssue
 from servetune.exitcodes import ExitCode
-from servetune.keys import KeyFileError
 from servetune.paths import resolve_experiment_dir
 from servetune.spec import ExperimentSpec, load_spec_text, parse_spec
 
@@ -69,6 +65,8 @@ def _load(args: argparse.Namespace) -> tuple[ExperimentSpec, str | None]:
         return load_spec_text(path)  # a FIFO or a device is refused there, without blocking
     if not args.resume:
         raise SpecError(args.config, [_issue(f"file not found: {args.config} (to resume by name, add --resume)")])
+    from coordinator.store import Store
+
     folder = resolve_experiment_dir(args.config, args.results_root)
     store = Store.open_readonly(folder)
     try:
@@ -121,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
     except ExperimentNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    # imported here, not at the top: `python -m coordinator validate` builds this parser too, and the
+    # sweep loop's modules (ZeroMQ, the control core, the artifact sink) would double its start-up
+    from coordinator.sweep import SweepOptions, SweepRunner
+    from coordinator.transport import BindError
+    from servetune.keys import KeyFileError
+
     local = not args.no_local_daemon
     options = SweepOptions(
         results_root=args.results_root,
