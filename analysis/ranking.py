@@ -12,9 +12,12 @@ config some of whose trials failed by its own fault (a measurement failure: OOM,
 under load) ranks after every config of its SLO tier whose trials all succeeded: a config that works
 only sometimes is not a deployment answer, however fast its lucky runs were. A trial lost to
 ``transport`` (the daemon or its connection) is not held against its config (``n_lost`` counts
-them). The tiers, which failure kinds count and the SLO gate are one rule, :func:`servetune.ranking.tier`,
-:func:`servetune.ranking.blames_config` and :func:`servetune.ranking.meets_slos`, shared with the table
-``sweep`` prints (:func:`servetune.ranking.order_key`: tier, score, config id).
+them). The tiers and which failure kinds count are one rule, :func:`servetune.ranking.tier` and
+:func:`servetune.ranking.blames_config`, called by both this module and the table ``sweep`` prints
+(:func:`servetune.ranking.order_key`: tier, score, config id). The SLO gate is the rule of
+:func:`servetune.ranking.meets_slos` (the median over the ok repeats of each SLO's value at most its
+bound; a value no repeat measured misses), computed here on arrays of medians (:func:`_tiers`) rather
+than by calling it per config; ``tests/test_ranking.py`` holds the two orders equal on the same trials.
 
 ``slo_throughput``
     the objective (default the spec's ``ranking.objective``, e.g. ``output_throughput``) among the
