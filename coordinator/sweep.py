@@ -13,6 +13,7 @@ Every attempt is a new record; nothing is overwritten.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -77,7 +78,7 @@ from servetune.manifest import (
     swept_names,
 )
 from servetune.messages import Grant, Heartbeat, Message, TimeReply
-from servetune.metrics import TrialMetrics, server_summary, summarize
+from servetune.metrics import TrialMetrics, server_summary, summarize, summary_dict
 from servetune.paths import experiment_dir
 from servetune.plausibility import implausible
 from servetune.result import TrialOutcome
@@ -993,9 +994,9 @@ class SweepRunner:
     def _metrics(self, outcome: TrialOutcome, lp: LoadPoint) -> dict[str, Any]:
         if not outcome.window_s or not outcome.samples:
             raise ValueError("an ok outcome must carry samples and a positive measurement window")
-        m = summarize(outcome.samples, outcome.window_s, self.spec.slos, offered_rate=outcome.offered_rate,
-                      concurrency_capped=lp.max_concurrency is not None, loop_lag=outcome.client_loop_lag)
-        return {**m.model_dump(mode="json"), **self._extras(outcome)}
+        m = summary_dict(outcome.samples, outcome.window_s, self.spec.slos, offered_rate=outcome.offered_rate,
+                         concurrency_capped=lp.max_concurrency is not None, loop_lag=outcome.client_loop_lag)
+        return {**m, **self._extras(outcome)}  # summarize()'s model_dump(mode="json"), without the model
 
 
 def join_command(address: str) -> str:
@@ -1007,6 +1008,7 @@ def join_command(address: str) -> str:
     return f"daemon start --coordinator tcp://{host}:{port}"
 
 
+@functools.lru_cache(maxsize=4096)  # a SHA-256 per result and per GRANT, of a few keys (one a daemon)
 def _key_id_or_none(key: str) -> str | None:
     return key_id(key) if key else None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -173,6 +174,25 @@ def summarize(
     stamped sends and chunk arrivals that much late, so it flags ``client_fell_behind`` as well,
     closed loop or not (a TTFT error is absolute, however long the requests take).
     """
+    return TrialMetrics.model_validate(summary_dict(
+        samples, window_s, slos, quantiles, offered_rate=offered_rate, lag_tolerance_ms=lag_tolerance_ms,
+        concurrency_capped=concurrency_capped, closed_loop_lag_fraction=closed_loop_lag_fraction, loop_lag=loop_lag))
+
+
+def summary_dict(
+    samples: Sequence[RequestSample],
+    window_s: float,
+    slos: Sequence[SLO] = (),
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    offered_rate: float | None = None,
+    lag_tolerance_ms: float = 10.0,
+    concurrency_capped: bool = False,
+    closed_loop_lag_fraction: float = 0.01,
+    loop_lag: LoopLag | None = None,
+) -> dict[str, Any]:
+    """:func:`summarize`'s :class:`TrialMetrics` as ``model_dump(mode="json")`` gives it (same keys,
+    order, types and values), built directly: no model is validated then dumped (the coordinator
+    summarizes every result on its loop)."""
     if window_s <= 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
     sent = [s for s in samples if not s.warmup]
@@ -191,14 +211,14 @@ def summarize(
     out_tokens = sum(s.output_tokens or 0 for s in ok)
     in_tokens = sum(s.prompt_tokens or 0 for s in ok)
     good = sum(1 for lat in lats if meets_slos(lat, slos)) if slos else None
-    slo_results = [
-        SLOResult(
-            metric=slo.metric,
-            percentile=slo.percentile,
-            max_ms=slo.max_ms,
-            value_ms=_finite(quantile(series[slo.metric], slo.percentile / 100.0)),
-            met=bool(series[slo.metric]) and quantile(series[slo.metric], slo.percentile / 100.0) <= slo.max_ms,
-        )
+    slo_results = [  # SLOResult's fields, as model_dump(mode="json")
+        {
+            "metric": slo.metric,
+            "percentile": float(slo.percentile),
+            "max_ms": float(slo.max_ms),
+            "value_ms": _float_or_none(_finite(quantile(series[slo.metric], slo.percentile / 100.0))),
+            "met": bool(series[slo.metric]) and quantile(series[slo.metric], slo.percentile / 100.0) <= slo.max_ms,
+        }
         for slo in slos
     ]
     sends = sorted(s.send_ns for s in sent)
@@ -214,39 +234,45 @@ def summarize(
         or (scheduled is not None and achieved is not None and achieved < 0.95 * scheduled and len(sends) >= 20)
         or (loop_lag is not None and loop_lag.p99_ms > lag_tolerance_ms)
     )
-    return TrialMetrics(
-        quantiles=list(quantiles),
-        n_requests=len(measured),
-        n_completed=len(ok),
-        n_errors=len(measured) - len(ok),
-        n_cancelled=n_cancelled,
-        duration_s=window_s,
-        total_input_tokens=in_tokens,
-        total_output_tokens=out_tokens,
-        request_throughput=len(ok) / window_s,
-        output_throughput=out_tokens / window_s,
-        total_token_throughput=(in_tokens + out_tokens) / window_s,
-        request_goodput=(good / window_s) if good is not None else None,
-        slo_attainment=(good / len(measured) if measured else None) if good is not None else None,
-        slos=slo_results,
-        slos_met=all(r.met for r in slo_results) if slo_results else None,
-        ttft_ms=quantiles_of(series["ttft_ms"], quantiles),
-        tpot_ms=quantiles_of(series["tpot_ms"], quantiles),
-        itl_ms=quantiles_of(series["itl_ms"], quantiles),
-        e2el_ms=quantiles_of(series["e2el_ms"], quantiles),
-        mean_ttft_ms=_mean(series["ttft_ms"]),
-        mean_tpot_ms=_mean(series["tpot_ms"]),
-        mean_itl_ms=_mean(series["itl_ms"]),
-        mean_e2el_ms=_mean(series["e2el_ms"]),
-        offered_rate=offered_rate,
-        scheduled_rate=scheduled,
-        achieved_rate=achieved,
-        sched_lag_p99_ms=lag_p99,
-        loop_lag_p50_ms=loop_lag.p50_ms if loop_lag is not None else None,
-        loop_lag_p99_ms=loop_lag.p99_ms if loop_lag is not None else None,
-        loop_lag_max_ms=loop_lag.max_ms if loop_lag is not None else None,
-        client_fell_behind=fell_behind,
-    )
+    # TrialMetrics' fields in their order, each of its type (a float field never holds an int; the
+    # series are floats already: every value is a difference of ns over 1e6)
+    return {
+        "quantiles": [float(q) for q in quantiles],
+        "n_requests": len(measured),
+        "n_completed": len(ok),
+        "n_errors": len(measured) - len(ok),
+        "n_cancelled": n_cancelled,
+        "duration_s": float(window_s),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / window_s,
+        "output_throughput": out_tokens / window_s,
+        "total_token_throughput": (in_tokens + out_tokens) / window_s,
+        "request_goodput": (good / window_s) if good is not None else None,
+        "slo_attainment": (good / len(measured) if measured else None) if good is not None else None,
+        "slos": slo_results,
+        "slos_met": all(r["met"] for r in slo_results) if slo_results else None,
+        "ttft_ms": quantiles_of(series["ttft_ms"], quantiles),
+        "tpot_ms": quantiles_of(series["tpot_ms"], quantiles),
+        "itl_ms": quantiles_of(series["itl_ms"], quantiles),
+        "e2el_ms": quantiles_of(series["e2el_ms"], quantiles),
+        "mean_ttft_ms": float(_mean(series["ttft_ms"])),
+        "mean_tpot_ms": float(_mean(series["tpot_ms"])),
+        "mean_itl_ms": float(_mean(series["itl_ms"])),
+        "mean_e2el_ms": float(_mean(series["e2el_ms"])),
+        "offered_rate": _float_or_none(offered_rate),
+        "scheduled_rate": scheduled,
+        "achieved_rate": achieved,
+        "sched_lag_p99_ms": _float_or_none(lag_p99),
+        "loop_lag_p50_ms": float(loop_lag.p50_ms) if loop_lag is not None else None,
+        "loop_lag_p99_ms": float(loop_lag.p99_ms) if loop_lag is not None else None,
+        "loop_lag_max_ms": float(loop_lag.max_ms) if loop_lag is not None else None,
+        "client_fell_behind": fell_behind,
+    }
+
+
+def _float_or_none(x: float | None) -> float | None:
+    return None if x is None else float(x)
 
 
 def _rate(times_ns: Sequence[int]) -> float | None:

@@ -85,14 +85,18 @@ def implausible(outcome: TrialOutcome) -> str | None:
 
 
 def _sample_problem(s: RequestSample) -> str | None:
-    for name in ("prompt_tokens", "output_tokens"):
-        value = getattr(s, name)
-        if value is not None and not 0 <= value <= MAX_TOKENS_PER_REQUEST:
-            return f"{name} {value} is outside 0..{MAX_TOKENS_PER_REQUEST}"
-    for name in ("scheduled_ns", "send_ns", "end_ns", "first_token_ns"):
-        value = getattr(s, name)
-        if value is not None and value < 0:
-            return f"{name} {value} is negative"
+    # the fields read once each, in the order of the messages (no getattr by name: this runs per
+    # sample of every RESULT, on the coordinator's loop)
+    prompt, output, first = s.prompt_tokens, s.output_tokens, s.first_token_ns
+    if prompt is not None and not 0 <= prompt <= MAX_TOKENS_PER_REQUEST:
+        return f"prompt_tokens {prompt} is outside 0..{MAX_TOKENS_PER_REQUEST}"
+    if output is not None and not 0 <= output <= MAX_TOKENS_PER_REQUEST:
+        return f"output_tokens {output} is outside 0..{MAX_TOKENS_PER_REQUEST}"
+    if s.scheduled_ns < 0 or s.send_ns < 0 or s.end_ns < 0 or (first is not None and first < 0):
+        for name, value in (("scheduled_ns", s.scheduled_ns), ("send_ns", s.send_ns), ("end_ns", s.end_ns),
+                            ("first_token_ns", first)):
+            if value is not None and value < 0:
+                return f"{name} {value} is negative"
     if s.send_ns > s.end_ns:
         if is_cancelled(s) and s.first_token_ns is None and not s.token_ns:
             return None  # cancelled before it went out (metrics.py leaves it out of everything)

@@ -187,3 +187,32 @@ load_points:
                            client_loop_lag=LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=25.0, max_ms=40))
     m = runner._metrics(outcome, spec.load_points[0])
     assert m["loop_lag_p99_ms"] == 25.0 and m["client_fell_behind"] is True
+
+
+def test_summary_dict_is_the_models_json_dump() -> None:
+    """The coordinator stores summary_dict() (built without a model) where it stored
+    summarize().model_dump(mode="json"): same keys in the same order, same types (an int window or
+    rate is a float in the model), NaN for no data, SLO results as dicts; compared as JSON text."""
+    import json
+
+    from servetune.metrics import summary_dict
+
+    samples = [
+        req(0, 0, 5, 50, 3, [5, 25, 50], warmup=True),
+        req(1, 1000, 1100, 1400, 4, [1100, 1200, 1300, 1400]),
+        req(2, 1000, 1300, 1500, 2, [1300, 1500], lag_ms=2.0),
+        req(3, 1200, None, 1250, None, [], error="HTTP 500"),
+        req(4, 1300, None, 1350, None, [], error="cancelled: window ended"),
+    ]
+    errors_only = [req(1, 1000, None, 1250, None, [], error="HTTP 500")]
+    lag = LoopLag(interval_ms=10, n=300, p50_ms=0.1, p99_ms=25.0, max_ms=40)
+    slos = [SLO(metric="ttft_ms", percentile=50, max_ms=150), SLO(metric="tpot_ms", percentile=99, max_ms=1000)]
+    cases: list[dict] = [  # type: ignore[type-arg]
+        dict(samples=samples, window_s=2),
+        dict(samples=samples, window_s=2.0, slos=slos, quantiles=[0, 1], offered_rate=10),
+        dict(samples=samples, window_s=3.0, offered_rate=20.0, concurrency_capped=True, loop_lag=lag),
+        dict(samples=errors_only, window_s=1, slos=slos),
+        dict(samples=[], window_s=1.0, offered_rate=5.0),
+    ]
+    for kw in cases:
+        assert json.dumps(summary_dict(**kw)) == json.dumps(summarize(**kw).model_dump(mode="json"))

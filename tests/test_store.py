@@ -41,13 +41,13 @@ def test_attempts_are_kept_and_results_never_overwritten(tmp_path: Path) -> None
     assert (a1, a2) == (1, 2)
     path = store.finish_attempt(t0, a2, status="ok", failure_kind=None, error=None, submission_id="s",
                                 record={"x": 1}, metrics={"output_throughput": 5.0}, hardware_class="cpu-2c-AVX2")
-    assert path is not None and path.read_text()
+    assert isinstance(path, str) and Path(path).read_text()
     with pytest.raises(StoreError, match="already finished"):
         store.finish_attempt(t0, a2, status="failed", failure_kind="measurement", error="x", submission_id="s2",
                              record={"x": 2}, metrics=None, hardware_class=None)
     with pytest.raises(StoreError, match="refusing to overwrite"):
         store._write_result_file(t0, a2, {"x": 3})
-    assert '"x": 1' in path.read_text()
+    assert '"x": 1' in Path(path).read_text()
     assert [a.status for a in store.attempts(t0)] == ["failed", "ok"]
 
 
@@ -110,7 +110,7 @@ def test_group_commit_makes_many_results_durable_in_one_transaction(tmp_path: Pa
         for t in trials:
             path = store.finish_attempt(t, 1, status="ok", failure_kind=None, error=None, submission_id="s",
                                         record={"t": t}, metrics={}, hardware_class=None)
-            assert path is not None and not path.exists(), "a result file waits for the commit"
+            assert path is not None and not Path(path).exists(), "a result file waits for the commit"
         assert _visible_ok(store.folder) == 0, "nothing is committed (nor may be ACKed) inside the group"
     store._conn.set_trace_callback(None)
     assert sum(1 for s in statements if s.strip().upper() == "COMMIT") == 1

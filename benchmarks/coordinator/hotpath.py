@@ -1,5 +1,6 @@
 """Micro-benchmark of the coordinator's per-RESULT work outside the control core, in one process:
-decode the FAKE daemons' RESULT frame, the plausibility check, summarize(), the record's JSON,
+decode the FAKE daemons' RESULT frame, the plausibility check, the summary (``summary_dict``, as
+``SweepRunner._metrics``), the record's JSON,
 ``Store.finish_attempt`` inside a group (one COMMIT per 64 results, as a busy loop pass), the ACK's
 encode. CPU time (``time.process_time``) per result, best of ``--repeats``; a FAKE outcome (four
 requests, ``benchmarks.coordinator.clients.fake_outcome``). Run: ``python -m benchmarks.coordinator.hotpath``.
@@ -17,7 +18,7 @@ from benchmarks.coordinator.clients import fake_fingerprint, fake_outcome
 from coordinator.store import Store
 from servetune.manifest import plan_grid
 from servetune.messages import Ack, Result, decode, encode
-from servetune.metrics import server_summary, summarize
+from servetune.metrics import server_summary, summary_dict
 from servetune.plausibility import implausible
 from servetune.spec import parse_spec
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                         o = msg.outcome
                         implausible(o)
                         c = clock()
-                        metrics = {**summarize(o.samples, o.window_s, (), offered_rate=o.offered_rate).model_dump(mode="json"),
+                        metrics = {**summary_dict(o.samples, o.window_s, (), offered_rate=o.offered_rate),
                                    **server_summary(o.server_series, o.server_counters)}
                         d = clock()
                         metrics_json = json.dumps(metrics)
