@@ -14,6 +14,7 @@ from analysis.effects import partial_dependence, partial_dependence_all
 from analysis.frame import AnalysisInputError
 from analysis.interactions import interactions
 from analysis.synthetic import INTERACTION, LEVELS, planted
+from tests.planted_replicates import replicate
 
 SEEDS = (0, 1, 2, 3)
 PLANTED_CHANGE = math.exp(1.0) - 1.0  # max_num_seqs: +1.0 on the log scale from its lowest to highest level
@@ -21,13 +22,9 @@ PLANTED_CHANGE = math.exp(1.0) - 1.0  # max_num_seqs: +1.0 on the log scale from
 
 @pytest.fixture(scope="module")
 def replicates():
-    out = []
-    for seed in SEEDS:
-        ds, truth = planted(n_configs=300, n_params=6, seed=seed)
-        pd1 = partial_dependence(ds, "max_num_seqs", n_boot=30, seed=seed)
-        inter = interactions(ds, n_boot=10, seed=seed)
-        out.append((ds, truth, pd1, inter))
-    return out
+    """Per seed: planted(n_configs=300, n_params=6), its PD of max_num_seqs (n_boot=30) and its
+    interactions (n_boot=10), shared with test_analysis_importance (tests/planted_replicates.py)."""
+    return [(r.ds, r.truth, r.pd_seqs, r.interactions) for r in map(replicate, SEEDS)]
 
 
 def test_pd_of_max_num_seqs_increases_within_the_observed_range(replicates):
@@ -75,8 +72,7 @@ def test_effect_wording_follows_the_design(replicates):
 
 def test_two_parameter_pd_shows_the_planted_interaction():
     for seed in (0, 1):
-        ds, _ = planted(n_configs=300, n_params=6, seed=seed)
-        res = partial_dependence(ds, list(INTERACTION), n_boot=20, seed=seed)
+        res = replicate(seed).pd_pair  # partial_dependence(planted(300, 6, seed), INTERACTION, n_boot=20, seed)
         est = np.array(res.estimate)
         assert est.shape == (len(LEVELS[INTERACTION[0]]), 2)
         assert res.grid[1] == [False, True]

@@ -15,17 +15,16 @@ from analysis.frame import AnalysisInputError
 from analysis.importance import importance
 from analysis.surrogate import PROBE, fit_surrogate
 from analysis.synthetic import planted
+from tests.planted_replicates import replicate
 
 SEEDS = (0, 1, 2, 3, 4)
 
 
 @pytest.fixture(scope="module")
 def replicates():
-    out = []
-    for seed in SEEDS:
-        ds, truth = planted(n_configs=300, n_params=6, seed=seed)
-        out.append((importance(ds, n_boot=30, seed=seed), truth))
-    return out
+    """Per seed: importance(planted(n_configs=300, n_params=6), n_boot=30), shared with
+    test_analysis_effects (tests/planted_replicates.py)."""
+    return [(r.importance, r.truth) for r in map(replicate, SEEDS)]
 
 
 def test_planted_parameters_rank_above_the_probe(replicates):

@@ -291,32 +291,57 @@ def _cli(module: str, *args: str, home: Path) -> subprocess.CompletedProcess[str
                           env=env, cwd=REPO)
 
 
-def test_keys_cli_makes_private_keys_and_manages_the_allow_list(tmp_path: Path) -> None:
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+            ) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``_cli`` in-process: the same entry function ``python -m coordinator`` / ``python -m daemon`` runs
+    (``coordinator.cli.main`` / ``daemon.cli.main``), its exit code and what it printed. Each CLI is
+    still run as a real child process by ``_cli`` in the tests below."""
+    from coordinator.cli import main as coordinator_main
+    from daemon.cli import main as daemon_main
+
+    mains = {"coordinator": coordinator_main, "daemon": daemon_main}
+
+    def run(module: str, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
+        monkeypatch.setenv("SERVETUNE_HOME", str(home))
+        capsys.readouterr()
+        try:
+            code = mains[module](list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess([module, *args], int(code), out.out, out.err)
+
+    return run
+
+
+def test_keys_cli_makes_private_keys_and_manages_the_allow_list(
+        tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     home = tmp_path / "h"
-    init = _cli("coordinator", "keys", "init", home=home)
+    init = _cli("coordinator", "keys", "init", home=home)  # a real child process; the rest in-process
     assert init.returncode == 0, init.stderr
     coordinator_public = init.stdout.strip()
     secret = home / "coordinator" / "secret.key"
     assert secret.stat().st_mode & 0o777 == 0o600
     assert (home / "coordinator").stat().st_mode & 0o777 == 0o700
-    assert _cli("coordinator", "keys", "show", home=home).stdout.strip() == coordinator_public
-    again = _cli("coordinator", "keys", "init", home=home)  # keeps the pair
+    assert run_cli("coordinator", "keys", "show", home=home).stdout.strip() == coordinator_public
+    again = run_cli("coordinator", "keys", "init", home=home)  # keeps the pair
     assert again.stdout.strip() == coordinator_public and "kept" in again.stderr
     node = tmp_path / "node"
-    d = _cli("daemon", "keys", "init", "--coordinator-key", coordinator_public, home=node)
+    d = _cli("daemon", "keys", "init", "--coordinator-key", coordinator_public, home=node)  # a real child
     assert d.returncode == 0, d.stderr
     daemon_public = d.stdout.strip()
     assert (node / "daemon" / "secret.key").stat().st_mode & 0o777 == 0o600
     assert (node / "daemon" / "coordinator.key").read_text().strip() == coordinator_public
-    shown = _cli("daemon", "keys", "show", home=node)
+    shown = run_cli("daemon", "keys", "show", home=node)
     assert shown.stdout.strip() == daemon_public and coordinator_public in shown.stderr
-    add = _cli("coordinator", "keys", "add", "gpu-1", daemon_public, home=home)
+    add = run_cli("coordinator", "keys", "add", "gpu-1", daemon_public, home=home)
     assert add.returncode == 0, add.stderr
-    listed = _cli("coordinator", "keys", "list", home=home).stdout
+    listed = run_cli("coordinator", "keys", "list", home=home).stdout
     assert f"gpu-1\t{key_id(daemon_public)}\t{daemon_public}" in listed
     assert (home / "coordinator" / "daemons.allow").stat().st_mode & 0o777 == 0o600
-    rm = _cli("coordinator", "keys", "remove", "gpu-1", home=home)
-    assert rm.returncode == 0 and "gpu-1" not in _cli("coordinator", "keys", "list", home=home).stdout
+    rm = run_cli("coordinator", "keys", "remove", "gpu-1", home=home)
+    assert rm.returncode == 0 and "gpu-1" not in run_cli("coordinator", "keys", "list", home=home).stdout
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -325,21 +350,23 @@ def test_keys_cli_makes_private_keys_and_manages_the_allow_list(tmp_path: Path) 
     (["remove", "nobody"], "no daemon named 'nobody'"),
     (["show"], "no public key at"),
 ])
-def test_keys_cli_errors_name_the_bad_value_and_exit_usage(tmp_path: Path, args: list[str], needle: str) -> None:
-    proc = _cli("coordinator", "keys", *args, home=tmp_path / "h")
+def test_keys_cli_errors_name_the_bad_value_and_exit_usage(
+        tmp_path: Path, args: list[str], needle: str, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    proc = run_cli("coordinator", "keys", *args, home=tmp_path / "h")
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert needle in proc.stderr, proc.stderr
 
 
-def test_a_duplicate_name_or_key_and_a_world_readable_secret_are_refused(tmp_path: Path) -> None:
+def test_a_duplicate_name_or_key_and_a_world_readable_secret_are_refused(
+        tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     home = tmp_path / "h"
     key = new_pair().public
-    assert _cli("coordinator", "keys", "add", "a", key, home=home).returncode == 0
-    dup = _cli("coordinator", "keys", "add", "b", key, home=home)
+    assert run_cli("coordinator", "keys", "add", "a", key, home=home).returncode == 0
+    dup = run_cli("coordinator", "keys", "add", "b", key, home=home)
     assert dup.returncode == ExitCode.USAGE and "already in the allow-list as 'a'" in dup.stderr
-    assert _cli("coordinator", "keys", "init", home=home).returncode == 0
+    assert run_cli("coordinator", "keys", "init", home=home).returncode == 0
     (home / "coordinator" / "secret.key").chmod(0o644)
-    shown = _cli("coordinator", "keys", "show", home=home)
+    shown = run_cli("coordinator", "keys", "show", home=home)
     assert shown.returncode == ExitCode.USAGE and "readable by others" in shown.stderr
 
 

@@ -336,24 +336,48 @@ def test_sigterm_says_bye_and_exits_interrupted(coordinator: ScriptedCoordinator
     ("--workdir", "{tmp}/a-file/work"),
     ("--server-cpus", "100000"),
 ])
-def test_an_unusable_node_configuration_exits_daemon_config(tmp_path: Path, flag: str, value: str) -> None:
+def test_an_unusable_node_configuration_exits_daemon_config(tmp_path: Path, flag: str, value: str,
+                                                             caplog: pytest.LogCaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a-file").write_text("not a folder")
     value = value.format(tmp=tmp_path)
     args = ["--workdir", str(tmp_path / "work")] if flag != "--workdir" else []
-    proc = subprocess.run([sys.executable, "-m", "daemon", "start", "--coordinator", "tcp://127.0.0.1:9", *args,
-                           flag, value], capture_output=True, text=True, timeout=20, cwd=REPO)
-    assert proc.returncode == ExitCode.DAEMON_CONFIG, proc.stderr
-    assert f"{flag} {value}" in proc.stderr or f"{flag} {value!r}" in proc.stderr, proc.stderr
+    argv = ["start", "--coordinator", "tcp://127.0.0.1:9", *args, flag, value]
+    code, err = _daemon_cli(argv, real=flag == "--vllm-python", caplog=caplog, monkeypatch=monkeypatch)
+    assert code == ExitCode.DAEMON_CONFIG, err
+    assert f"{flag} {value}" in err or f"{flag} {value!r}" in err, err
+
+
+def _daemon_cli(argv: list[str], *, real: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str] | None = None) -> tuple[int, str]:
+    """``python -m daemon ARGV``: its exit code and stderr, as a real child process when ``real``
+    (one case of each test), else in-process through the same entry function (``daemon.cli.main``;
+    its log lines read from ``caplog``, argparse's usage from ``capsys``)."""
+    if real:
+        proc = subprocess.run([sys.executable, "-m", "daemon", *argv], capture_output=True, text=True, timeout=20,
+                              cwd=REPO)
+        return proc.returncode, proc.stderr
+    from daemon.cli import main
+
+    monkeypatch.chdir(REPO)
+    caplog.set_level("INFO")
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else 1
+    err = capsys.readouterr().err if capsys is not None else ""
+    return int(code), err + caplog.text
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("args", [["--coordinator-lost", "-1"], ["--coordinator-lost", "soon"], []])
-def test_bad_flags_exit_usage(tmp_path: Path, args: list[str]) -> None:
+def test_bad_flags_exit_usage(tmp_path: Path, args: list[str], caplog: pytest.LogCaptureFixture,
+                              monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     coordinator = [] if not args else ["--coordinator", "tcp://127.0.0.1:9"]
-    proc = subprocess.run([sys.executable, "-m", "daemon", "start", "--workdir", str(tmp_path), *coordinator, *args],
-                          capture_output=True, text=True, timeout=20, cwd=REPO)
-    assert proc.returncode == ExitCode.USAGE, proc.stderr
-    assert "usage:" in proc.stderr
+    code, err = _daemon_cli(["start", "--workdir", str(tmp_path), *coordinator, *args], real=args == [],
+                            caplog=caplog, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == ExitCode.USAGE, err
+    assert "usage:" in err
 
 
 @pytest.mark.timeout(60)

@@ -174,9 +174,9 @@ def test_cli_writes_the_record_and_refuses_bad_input(tmp_path: Path, capsys: pyt
         assert decide_cli.main([str(nc), "--n-boot", "50", *bad]) == 2
         assert needle in capsys.readouterr().err
         assert not record.exists()
-    # through the coordinator (a child process): the exit code and nothing written
-    r = _cli(str(nc), "--n-boot", "50", "--weights", "nope=1")
-    assert r.returncode == 2 and "nope" in r.stderr and not record.exists()
+    # through the coordinator (a child process running decide_cli.main, whose refusals are checked
+    # in-process above; exit 2 passed through by coordinator.commands.delegate is run as a real
+    # child in tests/test_report.py::test_bad_experiment_exits_2_naming_it_and_writes_nothing)
     r = _cli(str(nc), "--n-boot", "50")
     assert r.returncode == 0, r.stderr
     assert "vllm serve" in r.stdout and "SYNTHETIC" in r.stdout

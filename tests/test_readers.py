@@ -12,7 +12,7 @@ traceback. Data: small SYNTHETIC planted experiments (``analysis.synthetic.plant
 from __future__ import annotations
 
 import json
-import subprocess
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,19 +23,26 @@ from analysis.synthetic import planted
 from coordinator.store import Store
 from dashboards.app import state
 from servetune.errors import ExperimentNotFoundError
-from tests.conftest import coordinator_cmd
 from tests.test_dashboard import write_dataset
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """A results root as the dashboard sees it: two dataset-only experiments and one store with no dataset yet."""
-    base = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results root as the dashboard sees it: two dataset-only experiments and one store with no dataset yet.
+
+    Built once per module (writing the netCDF files is the slow part); each test gets its own copy (``root``)."""
+    base = tmp_path_factory.mktemp("readers") / "runs"
     for i, name in enumerate(("copied", "synthetic-b")):
         ds, _ = planted(n_configs=8, n_params=2, repeats=2, load_points=("lp",), seed=30 + i)
         write_dataset(ds, base / name, name)
     Store.open(base / "starting").close()  # a sweep that has written no result yet
     return base
+
+
+@pytest.fixture
+def root(built_root: Path, tmp_path: Path) -> Path:
+    """This test's own copy of ``built_root`` (tests write spec files and decision records into it)."""
+    return Path(shutil.copytree(built_root, tmp_path / "runs"))
 
 
 def _listed(root: Path) -> dict[str, state.ExperimentInfo]:
@@ -79,29 +86,43 @@ def test_an_unknown_experiment_names_what_was_looked_for(root: Path) -> None:
     assert err.value._render_traceback_() == [f"MissingExperimentError: {text}"]
 
 
-def test_report_writes_a_dataset_only_experiment_by_name(root: Path, tmp_path: Path) -> None:
+# ``python -m coordinator report`` / ``analyze`` hand their whole command line to ``python -m dashboards
+# report`` / ``python -m analysis analyze`` (coordinator.commands.delegate); the readers are called here
+# in-process through those entry functions. The real child-process chain, ``--results-root`` and exit 2
+# passed through, is run by tests/test_report.py::test_bad_experiment_exits_2_naming_it_and_writes_nothing
+# and tests/test_analysis_report.py.
+
+
+def test_report_writes_a_dataset_only_experiment_by_name(root: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from dashboards.report import main as report_main
+
     out = tmp_path / "copied.html"
-    proc = subprocess.run(coordinator_cmd("report", "copied", "--results-root", str(root), "--out", str(out),
-                                          "--n-boot", "0"), capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code = report_main(["copied", "--results-root", str(root), "--out", str(out), "--n-boot", "0"])
+    assert code == 0, capsys.readouterr().err[-3000:]
     assert out.is_file() and "copied" in out.read_text(encoding="utf-8")
 
 
-def test_report_refuses_an_unknown_experiment_with_exit_2(root: Path, tmp_path: Path) -> None:
+def test_report_refuses_an_unknown_experiment_with_exit_2(root: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from dashboards.report import main as report_main
+
     out = tmp_path / "none.html"
-    proc = subprocess.run(coordinator_cmd("report", "nowhere", "--results-root", str(root), "--out", str(out)),
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "no experiment 'nowhere'" in proc.stderr and "results.nc" in proc.stderr
-    assert "Traceback" not in proc.stderr and not out.exists()
+    code = report_main(["nowhere", "--results-root", str(root), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "no experiment 'nowhere'" in err and "results.nc" in err
+    assert "Traceback" not in err and not out.exists()
 
 
-def test_analyze_reads_a_dataset_only_experiment_by_name(root: Path) -> None:
-    proc = subprocess.run(coordinator_cmd("analyze", "synthetic-b", "--results-root", str(root), "--json",
-                                          "--n-boot", "0"), capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
-    assert doc and "synthetic-b" in proc.stdout, "the analysis does not name the experiment it read"
+def test_analyze_reads_a_dataset_only_experiment_by_name(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.__main__ import main as analysis_main
+
+    code = analysis_main(["analyze", "synthetic-b", "--results-root", str(root), "--json", "--n-boot", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    doc = json.loads(out.out)
+    assert doc and "synthetic-b" in out.out, "the analysis does not name the experiment it read"
 
 
 def test_recommend_decides_a_dataset_only_experiment_by_name(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -163,35 +163,45 @@ def test_baseline_batches_first_every_k_and_last() -> None:
     assert flags == [True, False, False, False, True, False, False, False, True, False, False, True]
 
 
-@pytest.mark.parametrize(
-    "mutation,needle",
-    [
-        (("max_num_seqs: [2, 8]", "max_num_seqz: [2, 8]"), "engine.grid.max_num_seqz: unknown key"),
-        (("repeats: 2", "repeats: lots"), "repeats:"),
-        (("repeats: 2", "repeats: -1"), "repeats: Input should be greater than or equal to 1"),
-        (("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 3}"), "max_num_seqs"),
-        (("model: {source: tiny}", "model: {source: path, path: /nonexistent/model}"), "model.path"),
-        (("load_points:", "load_points: ["), "malformed YAML"),
-        (("repeats: 2", "repeats: 2\ngpu_hour_prices: {1xH100-80GB: -3}"),
-         "gpu_hour_prices.1xH100-80GB: Input should be greater than 0"),
-        (("repeats: 2", "repeats: 2\nplanner: {kind: random}"), "planner.n_configs: planner.n_configs is required"),
-        (("repeats: 2", "repeats: 2\nbackend: {python: /usr/bin/python3}"),
-         "backend: backend.python is no longer a spec key: a coordinator never tells a daemon what to run; it moved "
-         "to the daemon's own flag `daemon start --vllm-python PATH`"),
-        (("repeats: 2", "repeats: 2\nbackend: {launch: [/bin/sh, -c, id]}"),
-         "backend.launch is no longer a spec key"),
-    ],
-)
-def test_cli_refuses_bad_specs_and_writes_nothing(tmp_path: Path, mutation: tuple[str, str], needle: str) -> None:
+BAD_SPECS: list[tuple[tuple[str, str], str]] = [
+    (("max_num_seqs: [2, 8]", "max_num_seqz: [2, 8]"), "engine.grid.max_num_seqz: unknown key"),
+    (("repeats: 2", "repeats: lots"), "repeats:"),
+    (("repeats: 2", "repeats: -1"), "repeats: Input should be greater than or equal to 1"),
+    (("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 3}"), "max_num_seqs"),
+    (("model: {source: tiny}", "model: {source: path, path: /nonexistent/model}"), "model.path"),
+    (("load_points:", "load_points: ["), "malformed YAML"),
+    (("repeats: 2", "repeats: 2\ngpu_hour_prices: {1xH100-80GB: -3}"),
+     "gpu_hour_prices.1xH100-80GB: Input should be greater than 0"),
+    (("repeats: 2", "repeats: 2\nplanner: {kind: random}"), "planner.n_configs: planner.n_configs is required"),
+    (("repeats: 2", "repeats: 2\nbackend: {python: /usr/bin/python3}"),
+     "backend: backend.python is no longer a spec key: a coordinator never tells a daemon what to run; it moved "
+     "to the daemon's own flag `daemon start --vllm-python PATH`"),
+    (("repeats: 2", "repeats: 2\nbackend: {launch: [/bin/sh, -c, id]}"),
+     "backend.launch is no longer a spec key"),
+]
+
+
+@pytest.mark.parametrize("mutation,needle", BAD_SPECS)
+def test_cli_refuses_bad_specs_and_writes_nothing(tmp_path: Path, mutation: tuple[str, str], needle: str,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.cli import main
+
     spec_file = tmp_path / "bad.yaml"
     spec_file.write_text(GOOD.replace(*mutation))
     root = tmp_path / "runs"
+    monkeypatch.chdir(REPO)
     for cmd in (["validate", str(spec_file)], ["sweep", str(spec_file), "--results-root", str(root)]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "coordinator", *cmd], capture_output=True, text=True, timeout=60, cwd=REPO
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert needle in proc.stderr, proc.stderr
+        # in-process through the CLI's entry function; the first case also as a real `python -m coordinator`
+        if mutation == BAD_SPECS[0][0]:
+            proc = subprocess.run(
+                [sys.executable, "-m", "coordinator", *cmd], capture_output=True, text=True, timeout=60, cwd=REPO
+            )
+            code, err = proc.returncode, proc.stderr
+        else:
+            code, err = main(cmd), capsys.readouterr().err
+        assert code == 2, err
+        assert needle in err, err
     assert not root.exists(), "an invalid spec must not create anything"
 
 
