@@ -388,9 +388,29 @@ def _drift(ds: xr.Dataset, metric: str) -> Any:
     return jsonable(drift(ds, metric=metric))
 
 
+def _import_jsonschema() -> Any:
+    """``jsonschema``, imported without its optional RFC 3987 format checker when it is not loaded
+    yet: the installed ``rfc3987_syntax`` (a JupyterLab dependency) compiles its grammar at import,
+    3-4 s of every ``python -m analysis analyze`` here, for a format check :func:`validate_report`
+    never asks for (``jsonschema.validate`` checks no formats unless given a format checker)."""
+    import sys
+
+    if "jsonschema" in sys.modules:
+        return sys.modules["jsonschema"]
+    blocked = "rfc3987_syntax" not in sys.modules
+    if blocked:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError: skipped
+    try:
+        import jsonschema
+    finally:
+        if blocked:
+            del sys.modules["rfc3987_syntax"]  # later importers get the real package
+    return jsonschema
+
+
 def validate_report(doc: dict[str, Any]) -> None:
     """Check ``doc`` against ``analysis/analyze.schema.json`` (raises jsonschema.ValidationError)."""
-    import jsonschema
+    jsonschema = _import_jsonschema()
 
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     jsonschema.validate(doc, schema)
