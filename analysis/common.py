@@ -87,6 +87,30 @@ def design_of(ds: xr.Dataset) -> tuple[str, bool]:
     return str(ds.attrs.get("design", "") or ""), bool(int(ds.attrs.get("randomized", 0) or 0))
 
 
+def repeats_share_a_server(ds: xr.Dataset) -> bool:
+    """Whether the experiment ran a config's repeats in one server start (``restart_per_repeat: false``)
+    and some config has more than one repeat; datasets that do not say so gave every repeat its own start."""
+    try:
+        shared = int(ds.attrs.get("restart_per_repeat", 1)) == 0
+    except (TypeError, ValueError):
+        return False
+    if not shared or "repeat" not in ds.coords or ds.sizes.get("trial", 0) == 0:
+        return False
+    return bool(np.nanmax(np.asarray(ds["repeat"].values, dtype="float64")) >= 1)  # some config repeated
+
+
+#: The caveat every interval over repeats carries when :func:`repeats_share_a_server` holds.
+SHARED_SERVER_TEXT = ("the repeats of each config ran in one server start (restart_per_repeat: false): intervals "
+                      "over repeats cover run-to-run noise within a start, not the variation between server "
+                      "starts, so a fresh deployment can differ by more; set restart_per_repeat: true to include it")
+
+
+def warn_if_repeats_share_a_server(ds: xr.Dataset, notes: Notes, subject: str = "") -> None:
+    """Add the ``repeats_share_server`` caveat to ``notes`` when :func:`repeats_share_a_server` holds."""
+    if repeats_share_a_server(ds):
+        notes.warn("repeats_share_server", SHARED_SERVER_TEXT, subject)
+
+
 def claim_for(ds: xr.Dataset, tool_set: bool = True) -> Claim:
     """The causal status of effects estimated from ``ds``.
 

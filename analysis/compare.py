@@ -24,7 +24,17 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, context_of, percentile_interval
+from analysis.common import (
+    Caveat,
+    Claim,
+    Interval,
+    Notes,
+    Subsample,
+    claim_for,
+    context_of,
+    percentile_interval,
+    warn_if_repeats_share_a_server,
+)
 from analysis.frame import AnalysisInputError, metric_sense, trial_table
 
 log = logging.getLogger(__name__)
@@ -161,6 +171,7 @@ def compare(ds: xr.Dataset, config_a: str, config_b: str, metric: str = "output_
         df = df[~df["is_baseline"].to_numpy(dtype=bool)]
     a_id, b_id = resolve_config(df, config_a), resolve_config(df, config_b)
     notes = Notes()
+    warn_if_repeats_share_a_server(ds, notes)
     if a_id == b_id:
         notes.warn("same_config", f"config a and config b are the same config ({a_id})")
     lp = _pick(df, "load_point", load_point, (a_id, b_id), "load point") if "load_point" in df else ""

@@ -57,7 +57,15 @@ import pandas as pd
 import xarray as xr
 from scipy.stats import binom
 
-from analysis.common import Caveat, Claim, Interval, Notes, claim_for, percentile_interval
+from analysis.common import (
+    Caveat,
+    Claim,
+    Interval,
+    Notes,
+    claim_for,
+    percentile_interval,
+    warn_if_repeats_share_a_server,
+)
 from analysis.crosshw import NORMALISATIONS, relabel, resolve_prices
 from analysis.drift import drift
 from analysis.frame import AnalysisInputError, metric_sense, trial_table
@@ -566,6 +574,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise AnalysisInputError(f"n_boot must be a whole number >= 0, got {n_boot!r}")
     notes = Notes()
+    warn_if_repeats_share_a_server(ds, notes)
     obj = objective_of(ds, objective)
     metric_sense(obj)
     slo_list = slos_of(ds, slos)

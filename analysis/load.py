@@ -110,6 +110,7 @@ def combine(parts: Sequence[xr.Dataset]) -> xr.Dataset:
     out.attrs["experiment"] = "+".join(names)
     designs = {str(ds.attrs.get("design", "")) for ds in parts}
     out.attrs["design"] = designs.pop() if len(designs) == 1 else "mixed"
+    out.attrs["restart_per_repeat"] = min(int(ds.attrs.get("restart_per_repeat", 1)) for ds in parts)
     swept: set[str] = set()
     for ds in parts:
         swept.update(json.loads(ds.attrs.get("swept_parameters", "[]") or "[]"))

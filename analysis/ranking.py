@@ -74,7 +74,16 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Caveat, Claim, Interval, Notes, Subsample, claim_for, percentile_interval
+from analysis.common import (
+    Caveat,
+    Claim,
+    Interval,
+    Notes,
+    Subsample,
+    claim_for,
+    percentile_interval,
+    warn_if_repeats_share_a_server,
+)
 from analysis.frame import AnalysisInputError, lean_table, metric_sense, quantile_column, table_columns
 from analysis.hardware import require_separate, select_failover
 from analysis.pareto import ConfigGroup, base_columns, bootstrap_medians, config_groups
@@ -522,6 +531,7 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
         raise AnalysisInputError(f"top must be a whole number >= 0 or None, got {top!r}")
     require_separate(ds if table is None else table, by, "a ranking")
     notes = Notes()
+    warn_if_repeats_share_a_server(ds, notes)
     ds, table, moved = select_failover(ds, table, include_failover, notes, by)
     have: pd.DataFrame | Container[str] = set(table_columns(ds)) if table is None else table
     obj = objective_of(ds, objective)

@@ -143,6 +143,11 @@ def build_dataset(store: Store) -> xr.Dataset:
             "design": str(meta.get("design") or ""),
             "randomized": int(meta.get("randomized") or 0),
             "planner_seed": int(meta.get("planner_seed") or 0),
+            # 1: every repeat had its own server start; 0: some spec version of this experiment ran a
+            # config's repeats in one (restart_per_repeat: false), so their spread may leave the
+            # start-to-start variation out (judged over every version, as trials carry over)
+            "restart_per_repeat": int(all(
+                store.spec(h).get("restart_per_repeat", True) for h in {current, *(t[2] for t in trials)} if h)),
             "run_order": json.dumps(planned),
             "vllm_version": ",".join(sorted(vllm_versions)),
             "hardware_classes": ",".join(sorted(hw_seen)),

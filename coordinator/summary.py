@@ -43,15 +43,17 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     table.add_column("#", justify="right")
     table.add_column("config_id")
     table.add_column("engine config" + (" (swept args)" if swept else ""))
-    table.add_column("load points (run order)")
-    table.add_column("repeat", justify="right")
+    shared = not spec.restart_per_repeat and spec.repeats > 1
+    table.add_column("load points (run order" + (", #repeat" if shared else "") + ")")
+    table.add_column("repeat" + ("s (one server start)" if shared else ""), justify="right")
     for b in plan.batches:
+        repeats = sorted({t.repeat for t in b.trials})
         table.add_row(
             str(b.index),
             b.config_id[:12],
             b.config.label(swept) + (" [baseline]" if b.is_baseline else ""),
-            ", ".join(t.load_point.name for t in b.trials),
-            str(b.trials[0].repeat),
+            ", ".join(t.load_point.name + (f" #{t.repeat}" if len(repeats) > 1 else "") for t in b.trials),
+            str(repeats[0]) if len(repeats) == 1 else f"{repeats[0]}-{repeats[-1]}",
         )
     console.print(table)
     followups = sum(plan.followups_per_batch(b) for b in plan.batches)

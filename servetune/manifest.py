@@ -315,10 +315,11 @@ def sweep_parent(name: str) -> str | None:
 
 
 def plan_grid(spec: ExperimentSpec) -> Plan:
-    """Every config x load point x repeat, one batch per (config, repeat): the grid design's plan
-    (``coordinator.planning`` holds the designs; this is the plan of a spec without one).
+    """Every config x load point x repeat, one batch (one server start) per (config, repeat), or per
+    config with ``restart_per_repeat: false``: the grid design's plan (``coordinator.planning`` holds
+    the designs; this is the plan of a spec without one).
 
-    With ``planner.randomize`` the batch order and the load-point order inside each batch are
+    With ``planner.randomize`` the batch order and the trial order inside each batch are
     shuffled under ``planner.seed``; the order is part of the plan and recorded with the results.
     Baseline batches run first, after every ``baseline.every_batches`` batches, and last.
     """
@@ -352,8 +353,10 @@ def plan_configs(
     backend = spec.backend.kind
     target = spec.backend.base_url or spec.backend.sim_target()
 
-    def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeat: int, baseline_run: int | None) -> PlannedBatch:
-        lps = [seed for lp in load_points for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else [lp])]
+    def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeats: Sequence[int],
+                   baseline_run: int | None) -> PlannedBatch:
+        lps = [(seed, r) for r in repeats for lp in load_points
+               for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else [lp])]
         if spec.planner.randomize:
             rng.shuffle(lps)
         trials = tuple(
@@ -365,17 +368,22 @@ def plan_configs(
                 config_id=config.config_id,
                 engine=config,
                 load_point=lp,
-                repeat=repeat,
+                repeat=r,
                 baseline_run=baseline_run,
             )
-            for lp in lps
+            for lp, r in lps
         )
         return PlannedBatch(index=-1, config=config, trials=trials, is_baseline=baseline_run is not None)
 
-    work = [(c, r) for r in range(spec.repeats) for c in configs]
+    # One batch (one server start) per (config, repeat); with restart_per_repeat false, one per config
+    # holding all its repeats, their trials shuffled together under randomize.
+    if spec.restart_per_repeat:
+        work: list[tuple[EngineConfig, list[int]]] = [(c, [r]) for r in range(spec.repeats) for c in configs]
+    else:
+        work = [(c, list(range(spec.repeats))) for c in configs]
     if spec.planner.randomize:
         rng.shuffle(work)
-    main = [make_batch(c, spec.load_points, r, None) for c, r in work]
+    main = [make_batch(c, spec.load_points, rs, None) for c, rs in work]
 
     ordered: list[PlannedBatch] = []
     if spec.baseline is None:
@@ -386,14 +394,14 @@ def plan_configs(
         bl_config = EngineConfig(args=EngineArgs(**base_args), env={**spec.engine.env, **bl.engine.env})
         bl_lps = [lp for lp in spec.load_points if bl.load_points is None or lp.name in bl.load_points]
         run = 0
-        ordered.append(make_batch(bl_config, bl_lps, 0, run))
+        ordered.append(make_batch(bl_config, bl_lps, [0], run))
         for i, batch in enumerate(main, start=1):
             ordered.append(batch)
             if i % bl.every_batches == 0 and i < len(main):
                 run += 1
-                ordered.append(make_batch(bl_config, bl_lps, 0, run))
+                ordered.append(make_batch(bl_config, bl_lps, [0], run))
         run += 1
-        ordered.append(make_batch(bl_config, bl_lps, 0, run))
+        ordered.append(make_batch(bl_config, bl_lps, [0], run))
     targets: list[str | None] = list(spec.hardware.labels() if spec.hardware is not None else []) or [None]
     pruner, prune_notes = memory_pruner(spec) if prune else (None, ())
     verdicts: dict[tuple[str, str | None], str | None] = {}

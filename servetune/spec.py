@@ -729,6 +729,10 @@ class ExperimentSpec(StrictModel):
     slos: list[SLO] = Field(default_factory=list)
     ranking: RankingPolicy = Field(default_factory=RankingPolicy)
     repeats: int = Field(1, ge=1, le=100)
+    restart_per_repeat: bool = Field(
+        True, description="true: every repeat of a config gets its own server start (repeats then include "
+                          "start-to-start variation); false: a config's repeats share one server start "
+                          "(cheaper; the analysis says its intervals leave that variation out)")
     baseline: BaselineSpec | None = None
     planner: PlannerSpec = Field(default_factory=PlannerSpec)
     budgets: Budgets = Field(default_factory=Budgets)
@@ -757,7 +761,8 @@ class ExperimentSpec(StrictModel):
 ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_configs": None, "backend.profile": None,
                                          "planner.n_trials": None, "planner.sampler": None, "planner.batch": None,
                                          "backend.model_shape": None, "backend.noise": None,
-                                         "hardware": None, "hardware.co_tenancy": False, "hardware.groups": []}
+                                         "hardware": None, "hardware.co_tenancy": False, "hardware.groups": [],
+                                         "restart_per_repeat": True}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
@@ -998,6 +1003,12 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                                 "into engine.grid or use planner.kind 'random'"))
     if spec.planner.kind == "optuna":
         issues += _adaptive_issues(spec)
+    if not spec.restart_per_repeat:
+        for i, lp in enumerate(spec.load_points):
+            if lp.rate_sweep is not None:
+                issues.append(SpecIssue(f"load_points[{i}].rate_sweep", "restart_per_repeat: false runs a config's "
+                                        "repeats in one server start, and a rate sweep's follow-up rates are "
+                                        "planned per server start: use restart_per_repeat: true with a rate_sweep"))
     size = spec.engine.size()
     if size > MAX_GRID_CONFIGS and spec.planner.kind == "grid":
         axes = " x ".join(f"{len(v)} {name}" for name, v in spec.engine.unique_axes())

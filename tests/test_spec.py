@@ -209,13 +209,14 @@ def test_cli_validate_and_dry_run_accept_the_quickstart(tmp_path: Path) -> None:
     quick = REPO / "configs" / "quickstart.yaml"
     proc = subprocess.run([sys.executable, "-m", "coordinator", "validate", str(quick)],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "8 trials" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "18 trials" in proc.stdout, proc.stdout + proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator", "sweep", str(quick), "--dry-run", "--results-root", str(tmp_path / "r")],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "4 server starts" in proc.stdout and "nothing was started" in proc.stdout
+    assert "3 server starts" in proc.stdout and "nothing was started" in proc.stdout
     assert not (tmp_path / "r").exists()
     spec = load_spec(quick)
-    assert len(spec.engine.expand()) == 4
+    assert len(spec.engine.expand()) == 3
+    assert spec.repeats == 3 and not spec.restart_per_repeat

@@ -104,6 +104,7 @@ def test_no_section_keeps_spec_hash_and_trial_ids() -> None:
     dump = spec.model_dump(mode="json")
     assert dump.pop("hardware") is None
     dump.pop("gpu_hour_prices")
+    assert dump.pop("restart_per_repeat") is True
     for key in ("n_configs", "n_trials", "sampler", "batch"):
         dump["planner"].pop(key)
     for key in ("profile", "model_shape", "noise"):

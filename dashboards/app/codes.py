@@ -11,6 +11,7 @@ MEANING: dict[str, str] = {
     "single_repeat": "a config ran once: its spread is unknown, so intervals and comparisons involving it cannot be trusted",
     "few_repeats": "too few repeats for a narrow interval: differences smaller than the noise cannot be told apart",
     "too_few_repeats": "not enough repeats to estimate the spread this needs",
+    "repeats_share_server": "a config's repeats ran in one server start: intervals leave out start-to-start variation",
     "no_slos": "the spec states no SLO, so nothing is gated on latency",
     "forest_bands": "the bands come from refitting a random forest on resamples, not from a calibrated model",
     "no_interval": "too few configs for a calibrated interval here: the estimate is stated alone",
