@@ -16,6 +16,7 @@ import pytest
 import analysis
 from analysis.compare import compare
 from analysis.decision import recommend
+from analysis.load import combine
 from analysis.ranking import rank
 from coordinator.cli import main
 from servetune.errors import SpecError
@@ -103,3 +104,9 @@ def test_a_sweep_runs_what_it_planned_and_the_analysis_says_so(shared: bool, tmp
     for what, result in results.items():
         codes = [w.code for w in result.warnings]  # type: ignore[attr-defined]
         assert ("repeats_share_server" in codes) == shared, (what, codes)
+    # combined with an experiment whose repeats each had a start, the caveat still holds for the whole
+    other = ds.copy()
+    other.attrs.update(restart_per_repeat=1, experiment="other")
+    both = combine([other, ds])
+    assert int(both.attrs["restart_per_repeat"]) == (0 if shared else 1)
+    assert ("repeats_share_server" in [w.code for w in rank(both).warnings]) == shared
