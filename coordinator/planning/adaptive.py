@@ -196,7 +196,7 @@ class OptunaPlanner(Planner):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study = optuna.create_study(directions=self._directions(), sampler=self._sampler(seed))
-                for s in self.history:
+                for s in self._history_in_ask_order():
                     study.add_trial(optuna.trial.create_trial(
                         state=optuna.trial.TrialState.COMPLETE if s.values else optuna.trial.TrialState.FAIL,
                         values=list(s.values) if s.values else None,
@@ -222,6 +222,12 @@ class OptunaPlanner(Planner):
         if len(chosen) < n:
             chosen += self._fill(n - len(chosen), set(self.asked) | set(chosen), seed)
         return chosen
+
+    def _history_in_ask_order(self) -> list[Scored]:
+        """:attr:`history` in the order its configs were asked, not told: daemons finish a batch in any
+        order, and TPE's asks depend on the order of the study's trials."""
+        order = {levels: i for i, levels in enumerate(self.asked)}
+        return sorted(self.history, key=lambda s: order.get(s.levels, len(order)))
 
     def _fill(self, n: int, taken: set[tuple[int, ...]], seed: int) -> list[tuple[int, ...]]:
         """``n`` configs not in ``taken``, uniformly at random under ``seed`` (Optuna kept proposing known ones)."""
