@@ -24,11 +24,6 @@ def output_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
-
-
 def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
     """``sweep --dry-run``: configs, trials, server starts and estimated time; runs nothing."""
     configs = plan.configs()
@@ -67,9 +62,7 @@ def print_plan(plan: Plan, spec: ExperimentSpec, console: Console) -> None:
         f"{len(plan.batches)} server starts")
     console.print(
         f"{len(configs)} engine config(s), {len(spec.load_points)} load point(s), {spec.repeats} repeat(s): "
-        f"{len(trials)} trials, {starts}{follow_text}; estimated "
-        f"{_fmt_duration(plan.estimate_seconds(server_start_s=0 if external else 50))}"
-        + ("" if external else " (about 50 s per server start on a 2-core CPU machine)")
+        f"{len(trials)} trials, {starts}{follow_text}; {plan.estimate_text(spec.backend.kind)}"
     )
     for note in plan.notes:
         console.print(f"note: {note}")

@@ -239,6 +239,18 @@ class Plan:
                 total += self.followup_starts(b) * server_start_s + followups * per
         return total
 
+    def estimate_text(self, backend_kind: str) -> str:
+        """The estimated wall time as ``validate`` and ``--dry-run`` say it, for ``backend.kind``: an
+        ``openai`` endpoint has no server starts; the ``sim`` backend runs in seconds, so its figure
+        is what real vLLM would take, and says so."""
+        if backend_kind == "openai":
+            return f"estimated {_fmt_duration(self.estimate_seconds(server_start_s=0))} (no server starts)"
+        per_start = "about 50 s per server start on a 2-core CPU machine"
+        secs = _fmt_duration(self.estimate_seconds(server_start_s=50))
+        if backend_kind == "sim":
+            return f"SIMULATED: runs in seconds; on real vLLM about {secs} ({per_start})"
+        return f"estimated {secs} ({per_start})"
+
     def _seed_pairs(self, batch: PlannedBatch) -> list[tuple[str, bool]]:
         """``(rate sweep, adds follow-ups)`` for each rate sweep whose ``@sync`` and ``@max`` seeds are
         both in ``batch`` (what :func:`coordinator.sweep.expand_rate_sweeps` pairs up). It adds none
@@ -432,3 +444,8 @@ def plan_configs(
         pruned=tuple(pruned),
         prune_notes=prune_notes,
     )
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"

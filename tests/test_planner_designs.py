@@ -171,6 +171,7 @@ def test_new_defaults_leave_the_spec_hash_alone() -> None:
     old_dump = spec.model_dump(mode="json")
     del old_dump["gpu_hour_prices"]
     del old_dump["hardware"]
+    assert old_dump.pop("restart_per_repeat") is True
     for added in ("n_configs", "n_trials", "sampler", "batch"):  # planner options, None unless their kind takes them
         del old_dump["planner"][added]
     for added in ("profile", "model_shape", "noise"):  # the sim backend's fields, None for every other kind

@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
                    f"{spec.engine.count()} engine configs; ")
     print(
         f"ok: {spec.name}: {n_configs} engine config(s) x {len(spec.load_points)} load point(s) x "
-        f"{spec.repeats} repeat(s){hardware_text(spec)} = {len(plan.trials())} trials in {len(plan.batches)} server starts "
-        f"({sampled}estimated {plan.estimate_seconds() / 60:.1f} min)"
+        f"{spec.repeats} repeat(s){hardware_text(spec)} = {len(plan.trials())} trials in {len(plan.batches)} server starts"
+        f"{' (' + sampled.removesuffix('; ') + ')' if sampled else ''}; {plan.estimate_text(spec.backend.kind)}"
     )
     for note in plan.notes:
         print(f"note: {note}")
