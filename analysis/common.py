@@ -111,6 +111,25 @@ def warn_if_repeats_share_a_server(ds: xr.Dataset, notes: Notes, subject: str = 
         notes.warn("repeats_share_server", SHARED_SERVER_TEXT, subject)
 
 
+def pruned_configs(ds: xr.Dataset) -> list[tuple[str, str]]:
+    """``(subject, message)`` for each engine config planning pruned before any trial (the dataset's
+    ``pruned_configs``, :mod:`servetune.memfit`): it has no results, so no ranking or decision can
+    name it, and every reader says so rather than letting it vanish."""
+    out = []
+    for p in json.loads(str(ds.attrs.get("pruned_configs", "") or "[]")):
+        where = f" on {p['hardware_target']}" if p.get("hardware_target") else ""
+        out.append((f"config {str(p['config_id'])[:12]}{where}",
+                     f"{p['config_label']}{' (baseline)' if p.get('is_baseline') else ''} was pruned before any "
+                     f"trial, so it has no results: {p['reason']}"))
+    return out
+
+
+def warn_of_pruned_configs(ds: xr.Dataset, notes: Notes) -> None:
+    """Add a ``pruned`` caveat to ``notes`` per config :func:`pruned_configs` names."""
+    for subject, message in pruned_configs(ds):
+        notes.warn("pruned", message, subject)
+
+
 def claim_for(ds: xr.Dataset, tool_set: bool = True) -> Claim:
     """The causal status of effects estimated from ``ds``.
 

@@ -65,6 +65,7 @@ from analysis.common import (
     claim_for,
     percentile_interval,
     warn_if_repeats_share_a_server,
+    warn_of_pruned_configs,
 )
 from analysis.crosshw import NORMALISATIONS, relabel, resolve_prices
 from analysis.drift import drift
@@ -575,6 +576,7 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         raise AnalysisInputError(f"n_boot must be a whole number >= 0, got {n_boot!r}")
     notes = Notes()
     warn_if_repeats_share_a_server(ds, notes)
+    warn_of_pruned_configs(ds, notes)
     obj = objective_of(ds, objective)
     metric_sense(obj)
     slo_list = slos_of(ds, slos)

@@ -83,6 +83,7 @@ from analysis.common import (
     claim_for,
     percentile_interval,
     warn_if_repeats_share_a_server,
+    warn_of_pruned_configs,
 )
 from analysis.frame import AnalysisInputError, lean_table, metric_sense, quantile_column, table_columns
 from analysis.hardware import require_separate, select_failover
@@ -532,6 +533,7 @@ def rank(ds: xr.Dataset, policy: str = "slo_throughput", objective: str | None =
     require_separate(ds if table is None else table, by, "a ranking")
     notes = Notes()
     warn_if_repeats_share_a_server(ds, notes)
+    warn_of_pruned_configs(ds, notes)
     ds, table, moved = select_failover(ds, table, include_failover, notes, by)
     have: pd.DataFrame | Container[str] = set(table_columns(ds)) if table is None else table
     obj = objective_of(ds, objective)

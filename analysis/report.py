@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Notes, claim_for, context_of, design_of, jsonable
+from analysis.common import Notes, claim_for, context_of, design_of, jsonable, pruned_configs
 from analysis.frame import AnalysisInputError, parameters, trial_table
 from analysis.hardware import classes_of, per_class, select_failover, simulated_of
 
@@ -229,11 +229,8 @@ def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
             if str(text):
                 out.append({"code": "retried", "subject": f"trial {str(tid)[:12]} @ {lp}", "section": "design",
                             "message": f"{text} (the result stands; runs/<name>/retries.jsonl has each lost attempt)"})
-    for pruned in json.loads(str(ds.attrs.get("pruned_configs", "") or "[]")):  # servetune.memfit, before any trial
-        where = f" on {pruned['hardware_target']}" if pruned.get("hardware_target") else ""
-        out.append({"code": "pruned", "subject": f"config {str(pruned['config_id'])[:12]}{where}", "section": "design",
-                    "message": f"{pruned['config_label']}{' (baseline)' if pruned.get('is_baseline') else ''} was "
-                               f"pruned before any trial, so it has no results: {pruned['reason']}"})
+    for subject, message in pruned_configs(ds):  # servetune.memfit, before any trial
+        out.append({"code": "pruned", "subject": subject, "section": "design", "message": message})
     return out
 
 

@@ -238,3 +238,33 @@ def test_preview_names_the_pruned_configs(tmp_path: Path, capsys: pytest.Capture
     assert out.count("pruned before any trial (not simulated, no start paid): ") == 2
     assert "SIMULATED cost on H100-80G: 4 server starts" in out
     assert "would not start" not in out  # the simulator is never asked to start what was pruned
+
+
+def test_pruned_configs_are_named_by_the_decision_the_ranking_and_the_dashboard(tmp_path: Path) -> None:
+    """A sweep on the simulator: the pruned configs have no results, and recommend, rank and the
+    decision block the Decision page and the report render (dashboards.decision_view) each name them."""
+    import subprocess
+
+    import analysis
+    from analysis.common import jsonable
+    from analysis.decision import recommend
+    from analysis.ranking import rank
+    from dashboards.decision_view import decision_html
+    from tests.conftest import cli_env, coordinator_cmd
+
+    path, root = tmp_path / "spec.yaml", tmp_path / "runs"
+    path.write_text(SIM_SPEC)
+    proc = subprocess.run(coordinator_cmd("sweep", str(path), "--results-root", str(root)),
+                          capture_output=True, text=True, timeout=300, env=cli_env(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = analysis.load("prune-sim", results_root=root)
+    pruned = {p.config_id for p in plan_experiment(parse_spec(SIM_SPEC)).pruned}
+    assert len(pruned) == 2 and not pruned & set(ds.config_id.values.tolist()), "pruned configs never ran"
+    subjects = {f"config {c[:12]}" for c in pruned}
+    decision = recommend(ds, n_boot=50)
+    for result in (decision, rank(ds)):
+        named = [w for w in result.warnings if w.code == "pruned"]
+        assert {w.subject for w in named} == subjects
+        assert all("was pruned before any trial, so it has no results: does not fit" in w.message for w in named)
+    html = decision_html(jsonable(decision), {}, {})
+    assert all(s in html for s in subjects) and html.count("was pruned before any trial") == 2

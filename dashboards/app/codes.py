@@ -12,6 +12,7 @@ MEANING: dict[str, str] = {
     "few_repeats": "too few repeats for a narrow interval: differences smaller than the noise cannot be told apart",
     "too_few_repeats": "not enough repeats to estimate the spread this needs",
     "repeats_share_server": "a config's repeats ran in one server start: intervals leave out start-to-start variation",
+    "pruned": "planning left this engine config out before any trial (it cannot fit in device memory): it has no results",
     "no_slos": "the spec states no SLO, so nothing is gated on latency",
     "forest_bands": "the bands come from refitting a random forest on resamples, not from a calibrated model",
     "no_interval": "too few configs for a calibrated interval here: the estimate is stated alone",
