@@ -274,19 +274,19 @@ def memory_pruner(spec: Any) -> tuple[Pruner | None, tuple[str, ...]]:
 
         return prune_sim, ()
     arch = model_architecture(spec.model)
+    name = str(spec.model.id or spec.model.path or spec.model.source)
+    unknown_model: str | None = None  # why the model's memory cannot be estimated, if it cannot
     if arch is None:
         what = f"of hub model {spec.model.id} is not read" if spec.model.source == "hub" else "is not readable"
-        return None, (f"memory: no engine config pruned: the model's config.json {what} where the sweep is planned",)
-    if arch.get("quantization_config") is not None:
-        return None, ("memory: no engine config pruned: the model is quantized (quantization_config), so its "
-                      "weight bytes are not estimated",)
-    name = str(spec.model.id or spec.model.path or spec.model.source)
-    unreadable = shape_from_config(arch, name)
-    if isinstance(unreadable, str):
-        return None, (f"memory: no engine config pruned: {unreadable}",)
+        unknown_model = f"the model's config.json {what} where the sweep is planned"
+    elif arch.get("quantization_config") is not None:
+        unknown_model = "the model is quantized (quantization_config), so its weight bytes are not estimated"
+    elif isinstance(unreadable := shape_from_config(arch, name), str):
+        unknown_model = unreadable
     targets = spec.hardware.targets if spec.hardware is not None else []
     if not targets:
-        return None, ("memory: no engine config pruned: the spec names no hardware target (hardware.targets), "
+        return None, (f"memory: no engine config pruned: {unknown_model}" if unknown_model else
+                      "memory: no engine config pruned: the spec names no hardware target (hardware.targets), "
                       "so the device memory is unknown",)
     notes: list[str] = []
     devices: dict[str | None, Device] = {}
@@ -299,22 +299,38 @@ def memory_pruner(spec: Any) -> tuple[Pruner | None, tuple[str, ...]]:
             devices[t.label] = dev
     if not devices:
         return None, tuple(notes)
+    if unknown_model:  # the device count still bounds tensor_parallel_size on every GPU class target
+        notes.append(f"memory: no engine config pruned by memory: {unknown_model}; tensor_parallel_size is still "
+                     "checked against each target's GPU count")
 
     def prune(args: Mapping[str, object], env: Mapping[str, str], target: str | None) -> str | None:
         device = devices.get(target)
+        if device is None:
+            return None
+        if arch is None or unknown_model:
+            return _too_many_devices(args, device)
         dtype = args.get("dtype")
         shape = shape_from_config(arch, name, str(dtype) if dtype is not None else None)
-        if device is None or isinstance(shape, str):
-            return None
+        if isinstance(shape, str):
+            return _too_many_devices(args, device)
         return _verdict(args, env, device, shape, _kv_dtype_bytes(args))
 
     return prune, tuple(notes)
 
 
+def _too_many_devices(args: Mapping[str, object], device: MemoryDevice) -> str | None:
+    """Why a config needs more GPUs than ``device`` has (``tensor_parallel_size``), or None."""
+    tp = args.get("tensor_parallel_size")
+    tp = 1 if tp is None or isinstance(tp, bool) else int(tp)  # type: ignore[call-overload]
+    if tp > device.max_devices:
+        return f"needs {tp} devices (tensor_parallel_size) but {device.name} has {device.max_devices}"
+    return None
+
+
 def _verdict(args: Mapping[str, object], env: Mapping[str, str], device: MemoryDevice, shape: ModelShape,
              kv_dtype_bytes: int | None) -> str | None:
     cfg = resolve_config(args, env, device, shape)
-    if cfg.tensor_parallel_size > device.max_devices:
-        return (f"needs {cfg.tensor_parallel_size} devices (tensor_parallel_size) but {device.name} has "
-                f"{device.max_devices}")
+    too_many = _too_many_devices({"tensor_parallel_size": cfg.tensor_parallel_size}, device)
+    if too_many:
+        return too_many
     return prune_reason(memory_need(cfg, device, shape, kv_dtype_bytes))

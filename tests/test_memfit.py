@@ -219,13 +219,25 @@ def test_unknown_device_memory_prunes_nothing_and_says_why(backend: str, why: st
     assert len(plan.prune_notes) == 1 and why in plan.prune_notes[0]
 
 
-def test_a_hub_model_prunes_nothing_and_says_why() -> None:
-    spec = parse_spec(SIM_SPEC.replace("backend: {kind: sim, profile: H100-80G, model_shape: llama-3-8b, noise: false}",
-                                       "hardware: {targets: [{hardware_class: 1xH100-80GB}]}"))
+def test_a_hub_model_is_pruned_by_gpu_count_only_and_says_why() -> None:
+    """Its config.json is not read where the sweep is planned, so memory prunes nothing (0.2 x 80 GiB
+    would be pruned for Llama-3-8B above), but tensor_parallel_size still cannot exceed a target's GPUs."""
+    text = SIM_SPEC.replace("backend: {kind: sim, profile: H100-80G, model_shape: llama-3-8b, noise: false}",
+                            "hardware: {targets: [{hardware_class: 1xH100-80GB}, {hardware_class: 2xH100-80GB}]}")
+    spec = parse_spec(text)
     pruner, notes = memory_pruner(spec)
-    assert pruner is None and notes == ("memory: no engine config pruned: the model's config.json of hub model "
-                                        "meta-llama/Meta-Llama-3-8B is not read where the sweep is planned",)
-    assert plan_experiment(spec).pruned == ()
+    assert pruner is not None and notes == (
+        "memory: no engine config pruned by memory: the model's config.json of hub model meta-llama/Meta-Llama-3-8B "
+        "is not read where the sweep is planned; tensor_parallel_size is still checked against each target's GPU count",)
+    assert plan_experiment(spec).pruned == (), "tensor_parallel_size 1 fits everywhere; memory is not judged"
+    tp = parse_spec(text.replace("max_num_seqs: [64, 256]", "tensor_parallel_size: [1, 2, 4]"))
+    plan = plan_experiment(tp)
+    pruned = sorted((p.hardware_target, p.config.args.tensor_parallel_size, p.reason) for p in plan.pruned)
+    assert pruned == [
+        *[("1xH100-80GB", n, f"needs {n} devices (tensor_parallel_size) but 1xH100-80GB has 1") for n in (2, 2, 2, 4, 4, 4)],
+        *[("2xH100-80GB", 4, "needs 4 devices (tensor_parallel_size) but 2xH100-80GB has 2")] * 3], pruned
+    kept = {(b.hardware_target, b.config.args.tensor_parallel_size) for b in plan.batches}
+    assert kept == {("1xH100-80GB", 1), ("2xH100-80GB", 1), ("2xH100-80GB", 2)}
 
 
 def test_preview_names_the_pruned_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
