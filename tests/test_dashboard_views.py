@@ -96,6 +96,13 @@ def test_parallel_coordinates_draw_one_line_per_config_of_the_chosen_load_point(
     failed = set(mine["config_id"]) - set(ok["config_id"])
     assert failed and set(got[got.isna()].index) == failed  # failed configs: drawn apart (NaN objective, grey)
     assert set(_source(page.parallel.object, "pc|failed")["pc_config"]) == failed
+    # the lines go to the browser as plain lists, not a binary buffer per line (thousands of websocket frames)
+    from bokeh.core.serialization import Serializer
+    from bokeh.models import ColumnDataSource
+
+    sent = [Serializer().serialize(m.data) for m in page.parallel.object.select({"type": ColumnDataSource})
+            if m.name in ("pc|ok", "pc|failed")]
+    assert len(lines) > 10 and sum(len(s.buffers or []) for s in sent) <= 2 * len(sent)
     page.load_point.value = OTHER
     assert set(_lines(page.parallel.object)["pc_config"]) == set(other["config_id"])
     assert f"data-load-point='{OTHER}'" in page.summary.object
@@ -143,6 +150,68 @@ def test_drift_suspect_trials_are_left_out_or_shown_apart(root: Path, monkeypatc
     rows = apart.table.value
     assert len(rows) > n and (rows["drift"] == "suspect").sum() == len(rows) - n
     assert "data-suspect" in str(apart.drift.objects[0].object)  # the banner
+
+
+def _image(model: Any, name: str) -> tuple[np.ndarray, dict[str, float]]:
+    """The RGBA image (rows from the lowest y) and its extent of the image source ``name`` in ``model``."""
+    d = _source(model, name)
+    assert d, f"no image source {name!r}"
+    return np.asarray(d["image"][0], dtype=np.uint32), {k: float(d[k][0]) for k in ("x", "y", "dw", "dh")}
+
+
+def _bins(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], ext: dict[str, float], log_x: bool = False) -> np.ndarray:
+    """Which bins of an image of ``shape`` over ``ext`` hold at least one of the points (the test's own binning)."""
+    x0, x1 = ext["x"], ext["x"] + ext["dw"]
+    if log_x:
+        x, x0, x1 = np.log10(x), np.log10(x0), np.log10(x1)
+    # as datashader scales: bin = int(x * s + t) with s = bins / span, t = -start * s (same rounding at the edges)
+    sx, sy = shape[1] / (x1 - x0), shape[0] / ext["dh"]
+    col = np.floor(np.asarray(x, dtype=float) * sx - x0 * sx).astype(int)
+    row = np.floor(np.asarray(y, dtype=float) * sy - ext["y"] * sy).astype(int)
+    assert (col >= 0).all() and (col < shape[1]).all() and (row >= 0).all() and (row < shape[0]).all()
+    out = np.zeros(shape, dtype=bool)
+    out[row, col] = True
+    return out
+
+
+def test_dense_slices_and_history_draw_every_ok_trial_as_an_image_and_the_best_as_points(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboards.app import history, raster
+
+    monkeypatch.setattr(raster, "RASTER_ABOVE", 3)  # the planted data (35 ok, 4 failed trials at LP) counts as dense
+    monkeypatch.setattr(history, "BEST_POINTS", 5)
+    page = _page(root, monkeypatch, load_point=LP, slices="max_num_seqs,gpu_memory_utilization")
+    mine = _expected(root, LP).sort_values("started_at", kind="stable").reset_index(drop=True)
+    mine["order"] = np.arange(1, len(mine) + 1)
+    ok = mine[(mine["status"] == "ok") & np.isfinite(mine["output_throughput"].astype(float))]
+    # the page says what it draws: every ok trial, the 5 best as points
+    assert f"data-ok-trials='{len(ok)}'" in page.summary.object and "data-best-points='5'" in page.summary.object
+    best5 = ok.nlargest(5, "output_throughput")
+    # slices: no per-trial points; one shared source of the 5 best ok trials; an image of every ok trial
+    assert not _source(page.slices.object, "slices|clean")
+    shared = _source(page.slices.object, "slices|best")
+    assert sorted(shared["order"]) == sorted(best5["order"]) and sorted(shared["y"]) == sorted(best5["output_throughput"])
+    for name, log_x in (("max_num_seqs", True), ("gpu_memory_utilization", False)):
+        img, ext = _image(page.slices.object, f"slices|density|{name}")
+        want = _bins(ok[f"param_{name}"].astype(float).to_numpy(), ok["output_throughput"].to_numpy(), img.shape, ext, log_x)
+        assert ((img >> 24) > 0).tolist() == want.tolist(), name  # a bin is coloured iff some ok trial falls in it
+    # history: an image of every ok trial by run order; to hover: the best 5 and each trial that improved the best
+    img, ext = _image(page.history.object, "history|density")
+    want = _bins(ok["order"].to_numpy(), ok["output_throughput"].to_numpy(), img.shape, ext)
+    assert ((img >> 24) > 0).tolist() == want.tolist()
+    improved = ok[ok["output_throughput"] > ok["output_throughput"].cummax().shift(fill_value=-np.inf)]
+    hover = _source(page.history.object, "history|ok")
+    assert sorted(hover["order"]) == sorted(set(improved["order"]) | set(best5["order"]))
+    line = _source(page.history.object, "history|best")  # the best-so-far line still uses every trial
+    assert line["best_so_far"][-1] == ok["output_throughput"].max() and line["order"][-1] == len(mine)
+    failed = mine[mine["status"] == "failed"]
+    assert len(failed) > 3, "the planted data should have more failed trials than the lowered threshold"
+    assert not _source(page.history.object, "history|failed")
+    img, ext = _image(page.history.object, "history|failed-density")
+    assert img.shape[0] == 1 and ext["y"] + ext["dh"] <= ok["output_throughput"].min()  # under every ok trial
+    cols = _bins(failed["order"].to_numpy(), np.full(len(failed), ext["y"] + ext["dh"] / 2), img.shape, ext)
+    assert ((img >> 24) > 0).tolist() == cols.tolist()
+    assert f"the {len(failed)} failed trials as a red strip" in page.summary.object
 
 
 # ------------------------------------------------------------------------------- in a browser

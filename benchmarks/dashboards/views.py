@@ -15,7 +15,8 @@ the four views are set) and a drawn plot canvas are shown (:func:`benchmarks.das
   and sends its plots and table page).
 
 At this size the page draws 2,000 of the configs on the parallel coordinates (the 100 best and a
-fixed-seed random choice) and 5,000 ok trials on each slice plot and on the history (the
+fixed-seed random choice), and every ok trial on each slice plot and on the history as a density
+image (datashader, :mod:`dashboards.app.raster`) with the 100 best as points to hover (the
 best-so-far line uses every trial); the page says so.
 
 With ``--server-side`` it times the page in-process instead (no browser, no server: the page built

@@ -11,12 +11,17 @@ points. Baseline re-runs are drift controls and are left out; holes (never measu
   axis. Above ``MAX_LINES`` configs a fixed-seed random ``MAX_LINES`` of them are drawn (the best
   ``ALWAYS_BEST`` always among them) and the page says so.
 - **Slice plots**: the objective of each ok trial against each parameter (log x for power-of-two
-  knobs), at most ``MAX_POINTS`` trials drawn at random (fixed seed; the page says so). The first
+  knobs). Above :data:`~dashboards.app.raster.RASTER_ABOVE` ok trials every one of them is binned
+  into a density image (:mod:`dashboards.app.raster`; nothing sampled) and only the ``BEST_POINTS``
+  best are drawn as points to hover and select (the page says so). The first
   ``SLICES_SHOWN`` parameters are drawn until the user picks others (a picker above them, or
   ``?slices=name,name``; the page says how many of how many), every plot a view of one shared source.
 - **Run-order history**: the objective of each trial in the order the trials ran (their start
   times; one trial per GPU set at a time, so it is also the order they finished on that hardware),
-  the best-so-far line over the ok trials, failed trials as red crosses on the bottom edge.
+  the best-so-far line over the ok trials, failed trials as red crosses on the bottom edge. Above
+  ``RASTER_ABOVE`` ok trials they are one density image, with the trials that improved the best so
+  far and the ``BEST_POINTS`` best as points to hover; above ``RASTER_ABOVE`` failed trials those
+  are a red density strip along the bottom edge (the page says so).
 - **Trial table** (Panel Tabulator, sorted and filtered in the server): one row per trial, short
   config labels (:func:`dashboards.app.labels.short_labels`; the full config id in the tooltip),
   units in the headers, widths that fit a 1280 px screen.
@@ -29,6 +34,7 @@ The views are computed in the background and cached per dataset version and choi
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import math
@@ -45,7 +51,7 @@ from bokeh.plotting import figure
 
 from analysis.frame import AnalysisInputError, Parameter, metric_sense
 from analysis.report import default_metric
-from dashboards.app import Context, esc, on_result, state
+from dashboards.app import Context, esc, on_result, raster, state
 from dashboards.app.labels import axis_label, short_labels, unit
 from dashboards.app.marks import DriftMarks, drift_bar, drift_marks, mode
 from dashboards.app.pareto import metric_options
@@ -55,13 +61,16 @@ log = logging.getLogger(__name__)
 
 MAX_LINES = 2_000  # configs drawn on the parallel coordinates
 ALWAYS_BEST = 100  # of which the best ones are always drawn
-MAX_POINTS = 5_000  # trials drawn on each slice plot and on the history
+BEST_POINTS = 100  # ok trials drawn as points to hover on the slices and the history when they are density images
+SLICE_BINS = (120, 80)  # a slice plot's density image, bins (x, y): about 2 screen pixels each
+HISTORY_BINS = (400, 100)  # the history's density image, bins (run order, objective)
 SLICES_SHOWN = 3  # slice plots drawn until the user picks others (each is a Bokeh figure: 0.1 s and more)
 SEED = 0
 FAILED_SLOT = -0.15  # where a config with no ok trial meets the objective axis (normalised units)
 FAILED_COLOUR = "#7f7f7f"
 FAILED_TRIAL_COLOUR = "#d62728"
 SUSPECT_COLOUR = "#ff7f0e"
+BEST_COLOUR = "#2ca02c"  # the best trials drawn over a density image (the best-so-far line's colour)
 #: the trial table's metric columns (after the objective): column -> header with its unit
 TABLE_METRICS = {"output_throughput": "output (tok/s)", "request_throughput": "requests (req/s)",
                  "ttft_ms_p99": "TTFT p99 (ms)", "tpot_ms_p99": "TPOT p99 (ms)", "e2el_ms_p99": "E2E p99 (ms)"}
@@ -259,9 +268,12 @@ def parallel_plot(v: Views) -> Any:
     ids, labels = cf.index.to_numpy(dtype=object), cf["label"].to_numpy(dtype=object)
 
     def lines(mask: np.ndarray, name: str) -> ColumnDataSource:
+        # plain lists, not an array per line: Bokeh sends every array as its own binary buffer (two
+        # websocket frames each), and 4,000 of them took the browser 1.5 s to receive; heights are
+        # rounded to 1e-4 of the axis (a tenth of a pixel)
         rows = np.flatnonzero(mask)
-        return ColumnDataSource({"xs": [xs] * len(rows), "ys": list(y[rows]), "objective": obj[rows],
-                                 "pc_config": ids[rows], "config": labels[rows]}, name=name)
+        return ColumnDataSource({"xs": [xs.tolist()] * len(rows), "ys": np.round(y[rows], 4).tolist(),
+                                 "objective": obj[rows], "pc_config": ids[rows], "config": labels[rows]}, name=name)
 
     mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi if hi > lo else lo + 1)
     ok_lines = fig.multi_line("xs", "ys", source=lines(~failed, "pc|ok"), line_width=1.2, alpha=0.7,
@@ -311,12 +323,21 @@ def _tick_labels(v: Views, lo: float, hi: float, k: int, failed: bool) -> pd.Dat
     return pd.DataFrame({"x0": xs, "y0": ys, "text": texts})
 
 
-def _sample(n: int, keep: np.ndarray | None = None) -> np.ndarray:
-    """Row positions to draw of ``n``: all up to ``MAX_POINTS``, else a fixed-seed random choice (plus ``keep``)."""
-    if n <= MAX_POINTS:
-        return np.arange(n)
-    pick = np.random.default_rng(SEED).choice(n, MAX_POINTS, replace=False)
-    return np.unique(np.concatenate([pick, keep])) if keep is not None else np.sort(pick)
+def _best_rows(rows: pd.DataFrame, higher: bool) -> np.ndarray:
+    """Positions in ``rows`` of its ``BEST_POINTS`` best by ``objective`` (ties by row), in row order."""
+    score = rows["objective"].to_numpy(dtype=float) * (-1.0 if higher else 1.0)
+    return np.sort(np.argsort(score, kind="stable")[:BEST_POINTS])
+
+
+def clean_ok(t: pd.DataFrame) -> np.ndarray:
+    """The trials the slice plots and the history draw as ok: ok, not drift-suspect, objective finite."""
+    return (t["status"].astype(str) == "ok").to_numpy() & ~t["suspect"].to_numpy() & np.isfinite(t["objective"].to_numpy())
+
+
+def rasterised(v: Views) -> bool:
+    """Whether the slice plots and the history draw the ok trials as density images (more than
+    :data:`~dashboards.app.raster.RASTER_ABOVE` of :func:`clean_ok`) rather than one point each."""
+    return int(clean_ok(v.trials).sum()) > raster.RASTER_ABOVE
 
 
 def _slice_columns(v: Views, rows: pd.DataFrame, names: list[str] | None) -> dict[str, Any]:
@@ -346,33 +367,59 @@ def _levels(p: Parameter, values: pd.Series) -> list[str]:
     return out
 
 
+def _x_range(p: Parameter, levels: list[str]) -> tuple[float, float]:
+    """A slice plot's x range: its parameter's levels, padded (log10-padded on a log axis); the
+    level positions (0..n-1, jittered by up to 0.3) for bool and string parameters."""
+    if p.kind != "numeric":
+        return -0.5, len(levels) - 0.5
+    lv = [float(a) for a in p.levels]
+    return raster.padded(min(lv), max(lv), log=power_of_two(p))
+
+
 def slice_plots(v: Views, names: list[str] | None = None) -> Any:
     """One scatter of the objective against each parameter (ok trials), log x for power-of-two knobs,
     every plot a view of one shared source (``slices|clean``; ``slices|suspect`` for drift-suspect
     trials shown apart): a figure per parameter (those in ``names``, every one by default), named
-    ``slice|<parameter>``."""
+    ``slice|<parameter>``. Above ``RASTER_ABOVE`` ok trials (:func:`rasterised`) each plot draws every
+    one of them as a density image instead (``slices|density|<parameter>``) and the shared source,
+    ``slices|best``, holds the ``BEST_POINTS`` best of them only, drawn as points to hover and select."""
     from bokeh.layouts import gridplot
-    from bokeh.models import Div, FixedTicker
+    from bokeh.models import Div, FixedTicker, Range1d
 
     if not v.params or names == []:
         return Div(text="no swept parameter" if not v.params else "no parameter picked")
     t = v.trials
     ok = t[(t["status"].astype(str) == "ok") & np.isfinite(t["objective"].to_numpy())]
     clean, sus = ok[~ok["suspect"]], ok[ok["suspect"]]
-    clean = clean.iloc[_sample(len(clean))]
-    src = ColumnDataSource(_slice_columns(v, clean, names), name="slices|clean")
+    dense = rasterised(v)
+    everything = _slice_columns(v, clean, names) if dense else {}
+    shown = clean.iloc[_best_rows(clean, v.higher_is_better)] if dense else clean
+    src = ColumnDataSource(_slice_columns(v, shown, names), name="slices|best" if dense else "slices|clean")
     sus_src = ColumnDataSource(_slice_columns(v, sus, names), name="slices|suspect") if len(sus) else None
     mapper = LinearColorMapper(palette=Blues256[::-1][64:], low=1, high=max(len(t), 2))
     ylab = axis_label(v.objective)
+    y_all = clean["objective"].to_numpy(dtype=float)
+    y_span = raster.padded(float(y_all.min()), float(y_all.max())) if dense else (0.0, 1.0)
+    y_range = Range1d(*y_span)
     figs = []
     for i, p in enumerate(v.params):
         if names is not None and p.name not in names:
             continue
         log_x = power_of_two(p)
+        levels = _levels(p, t[p.column])
+        extra: dict[str, Any] = {"x_range": Range1d(*_x_range(p, levels)), "y_range": y_range} if dense else {}
         fig = figure(width=340, height=250, title=p.name, name=f"slice|{p.name}", x_axis_type="log" if log_x else "linear",
-                     x_axis_label=param_axis(p), y_axis_label=ylab, tools="pan,wheel_zoom,box_zoom,box_select,reset,save")
+                     x_axis_label=param_axis(p), y_axis_label=ylab, tools="pan,wheel_zoom,box_zoom,box_select,reset,save",
+                     **extra)
         xv = f"@xt{i}" if p.kind != "numeric" else f"@x{i}"
-        dots = fig.scatter(f"x{i}", "y", source=src, size=4, alpha=0.6, color={"field": "order", "transform": mapper})
+        if dense:
+            img = raster.density(everything[f"x{i}"], everything["y"], SLICE_BINS[0], SLICE_BINS[1],
+                                 _x_range(p, levels), y_span, log_x=log_x)
+            raster.add_density(fig, img, f"slices|density|{p.name}", legend_label=f"all {len(clean)} ok trials")
+            dots = fig.scatter(f"x{i}", "y", source=src, size=5, color=BEST_COLOUR, line_color="black", line_width=0.5,
+                               legend_label=f"the {len(shown)} best (hover)")
+        else:
+            dots = fig.scatter(f"x{i}", "y", source=src, size=4, alpha=0.6, color={"field": "order", "transform": mapper})
         if sus_src is not None:
             fig.scatter(f"x{i}", "y", source=sus_src, marker="diamond", size=6, color=SUSPECT_COLOUR,
                         legend_label="drift-suspect")
@@ -382,9 +429,12 @@ def slice_plots(v: Views, names: list[str] | None = None) -> Any:
             fig.xaxis.ticker = FixedTicker(ticks=[float(a) for a in p.levels])
             fig.xaxis.major_label_overrides = {float(a): _level_key(a) for a in p.levels}
         elif p.kind != "numeric":
-            levels = _levels(p, t[p.column])
             fig.xaxis.ticker = FixedTicker(ticks=list(range(len(levels))))
             fig.xaxis.major_label_overrides = dict(enumerate(levels))
+        if fig.legend:
+            fig.legend.label_text_font_size = "7pt"
+            fig.legend.location = "bottom_right"
+            fig.legend.background_fill_alpha = 0.6
         fig.title.text_font_size = "10pt"
         fig.axis.axis_label_text_font_size = "8pt"
         figs.append(fig)
@@ -393,37 +443,66 @@ def slice_plots(v: Views, names: list[str] | None = None) -> Any:
 
 def history_plot(v: Views) -> Any:
     """The objective by run order (``history|ok``), the best-so-far line (``history|best``: columns
-    ``order``, ``best_so_far``), failed trials as red crosses on the bottom edge, suspects apart."""
+    ``order``, ``best_so_far``), failed trials as red crosses on the bottom edge (``history|failed``),
+    suspects apart. Above ``RASTER_ABOVE`` ok trials (:func:`rasterised`) the ok trials are one density
+    image (``history|density``) and ``history|ok`` holds, to hover, only the trials that improved the
+    best so far and the ``BEST_POINTS`` best; above ``RASTER_ABOVE`` failed trials they are a red
+    density strip along the bottom edge (``history|failed-density``) with no hover."""
+    from bokeh.models import Range1d
+
     t = v.trials
     xlab, ylab = "run order (trial number, by start time)", axis_label(v.objective)
     status = t["status"].astype(str).to_numpy()
     finite = np.isfinite(t["objective"].to_numpy())
     suspect = t["suspect"].to_numpy()
-    okm = (status == "ok") & finite & ~suspect
+    okm = clean_ok(t)
     best = t["best_so_far"].to_numpy()
-    steps = np.flatnonzero(okm & (np.r_[np.nan, best[:-1]] != best))  # where the best improved
+    # where the best improved (best_so_far is NaN on the trials that are not ok: compare with the last finite one)
+    steps = np.flatnonzero(okm & (pd.Series(best).ffill().shift().to_numpy() != best))
     ok = t[okm]
-    shown = ok.iloc[_sample(len(ok), np.searchsorted(np.flatnonzero(okm), steps))]
+    dense = rasterised(v)
+    failed = t[status == "failed"]
+    dense_failed = len(failed) > raster.RASTER_ABOVE
     sense = "higher" if v.higher_is_better else "lower"
+    floor = float(np.nanmin(ok["objective"])) if len(ok) else 0.0
+    extra: dict[str, Any] = {}
+    strip: tuple[float, float] | None = None  # the failed trials' strip, under the ok trials' range
+    y_lo = y_hi = floor
+    if dense:
+        y_lo, y_hi = raster.padded(floor, float(np.nanmax(ok["objective"])))
+        strip = (y_lo - 0.04 * (y_hi - y_lo), y_lo) if dense_failed else None
+        extra = {"x_range": Range1d(*raster.padded(1.0, float(len(t)), 0.01)),
+                 "y_range": Range1d(strip[0] if strip else y_lo, y_hi)}
     fig = figure(height=340, sizing_mode="stretch_width", x_axis_label=xlab, y_axis_label=ylab,
                  title=f"{v.objective} by run order at {v.load_point} ({sense} is better)",
-                 tools="pan,wheel_zoom,box_zoom,reset,save")
+                 tools="pan,wheel_zoom,box_zoom,reset,save", **extra)
 
     def points(rows: pd.DataFrame, name: str, y: Any = None) -> ColumnDataSource:
         return ColumnDataSource({"order": rows["order"].to_numpy(),
                                  "objective": rows["objective"].to_numpy(dtype=float) if y is None else y,
                                  "config": rows["label"].to_numpy(dtype=object)}, name=name)
 
-    hover = [fig.scatter("order", "objective", source=points(shown, "history|ok"), color="#1f77b4", size=4, alpha=0.6,
-                         legend_label="ok trial")]
+    if dense:
+        xr, yr = (fig.x_range.start, fig.x_range.end), (y_lo, y_hi)
+        img = raster.density(ok["order"].to_numpy(), ok["objective"].to_numpy(), HISTORY_BINS[0], HISTORY_BINS[1], xr, yr)
+        raster.add_density(fig, img, "history|density", legend_label=f"ok trials (all {len(ok)}; darker: more)")
+        keep = np.union1d(np.searchsorted(np.flatnonzero(okm), steps), _best_rows(ok, v.higher_is_better))
+        hover = [fig.scatter("order", "objective", source=points(ok.iloc[keep], "history|ok"), color=BEST_COLOUR, size=5,
+                             line_color="black", line_width=0.5, legend_label="improved the best, or among the best (hover)")]
+    else:
+        hover = [fig.scatter("order", "objective", source=points(ok, "history|ok"), color="#1f77b4", size=4, alpha=0.6,
+                             legend_label="ok trial")]
     if len(steps):
         line = {"order": np.r_[t["order"].to_numpy()[steps], t["order"].iloc[-1]],
                 "best_so_far": np.r_[best[steps], best[steps][-1]]}
         fig.step("order", "best_so_far", source=ColumnDataSource(line, name="history|best"), mode="after",
                  color="#2ca02c", line_width=2.5, legend_label="best so far")
-    floor = float(np.nanmin(ok["objective"])) if len(ok) else 0.0
-    failed = t[status == "failed"]
-    if len(failed):
+    if dense_failed and strip is not None:
+        img = raster.density(failed["order"].to_numpy(), np.zeros(len(failed)), HISTORY_BINS[0], 1,
+                             (fig.x_range.start, fig.x_range.end), (-0.5, 0.5), palette=raster.REDS)
+        raster.add_density(fig, dataclasses.replace(img, y0=strip[0], y1=strip[1]), "history|failed-density",
+                           legend_label=f"failed trials ({len(failed)}, a strip at the bottom; darker: more)")
+    elif len(failed):
         hover.append(fig.scatter("order", "objective", source=points(failed, "history|failed", np.full(len(failed), floor)),
                                  marker="x", size=8, color=FAILED_TRIAL_COLOUR,
                                  legend_label=f"failed trial ({len(failed)}, drawn at the bottom)"))
@@ -537,7 +616,9 @@ class SearchViewsPage(pn.viewable.Viewer):
         n_failed = int((v.configs["n_ok"] == 0).sum())
         drawn = len(v.drawn) < len(v.configs)
         n_trials = int((~v.trials["suspect"]).sum())
-        many = len(v.trials) > MAX_POINTS
+        dense = rasterised(v)
+        n_ok = int(clean_ok(v.trials).sum())
+        n_failed_trials = int((v.trials["status"].astype(str) == "failed").sum())
         self.summary.object = (
             f"<div class='st-views-summary st-views-done' data-load-point='{esc(v.load_point)}' "
             f"data-configs='{len(v.configs)}' data-lines='{len(v.drawn)}' data-failed-configs='{n_failed}' "
@@ -549,8 +630,12 @@ class SearchViewsPage(pn.viewable.Viewer):
             "(grey dashed lines)."
             + (f" The parallel coordinates draw {len(v.drawn)} of the {len(v.configs)} configs: the {ALWAYS_BEST} best "
                f"and a random choice (seed {SEED}) of the others." if drawn else "")
-            + (f" The slice plots and the history draw at most {MAX_POINTS} ok trials, chosen at random (seed {SEED}; "
-               "the best-so-far line uses every trial)." if many else "")
+            + (f" <span class='st-views-density' data-ok-trials='{n_ok}' data-best-points='{min(BEST_POINTS, n_ok)}'>The slice "
+               f"plots and the history draw all {n_ok} ok trials as density images (darker: more trials in a bin; "
+               f"zooming magnifies the bins), with the {min(BEST_POINTS, n_ok)} best of them as points to hover (on the "
+               "history also each trial that improved the best so far)"
+               + (f"; the history draws the {n_failed_trials} failed trials as a red strip along its bottom edge"
+                  if n_failed_trials > raster.RASTER_ABOVE else "") + ".</span>" if dense else "")
             + "</div>")
 
     def _draw_slices(self) -> None:
