@@ -111,6 +111,11 @@ def warn_if_repeats_share_a_server(ds: xr.Dataset, notes: Notes, subject: str = 
         notes.warn("repeats_share_server", SHARED_SERVER_TEXT, subject)
 
 
+#: Caveat codes about the experiment as a whole, whichever analysis repeats them: a report that
+#: gathers every section's caveats states each of these once (:func:`analysis.report.dedupe_warnings`).
+EXPERIMENT_CODES = frozenset({"pruned", "repeats_share_server"})
+
+
 def pruned_configs(ds: xr.Dataset) -> list[tuple[str, str]]:
     """``(subject, message)`` for each engine config planning pruned before any trial (the dataset's
     ``pruned_configs``, :mod:`servetune.memfit`): it has no results, so no ranking or decision can

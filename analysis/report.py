@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from analysis.common import Notes, claim_for, context_of, design_of, jsonable, pruned_configs
+from analysis.common import EXPERIMENT_CODES, Notes, claim_for, context_of, design_of, jsonable, pruned_configs
 from analysis.frame import AnalysisInputError, parameters, trial_table
 from analysis.hardware import classes_of, per_class, select_failover, simulated_of
 
@@ -236,12 +236,14 @@ def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
 
 def dedupe_warnings(warnings: list[Any]) -> list[Any]:
     """Warnings with identical section, code, subject and message kept once, in their first order
-    (one caveat per load point or group often reads the same)."""
+    (one caveat per load point or group often reads the same); a caveat about the whole experiment
+    (:data:`~analysis.common.EXPERIMENT_CODES`) once whatever section repeats it."""
     seen: set[tuple[str, ...]] = set()
     out = []
     for w in warnings:
-        key = tuple(str(w.get(k, "")) for k in ("section", "code", "subject", "message")) if isinstance(w, dict) \
-            else (str(w),)
+        fields = ("code", "subject", "message") if isinstance(w, dict) and w.get("code") in EXPERIMENT_CODES \
+            else ("section", "code", "subject", "message")
+        key = tuple(str(w.get(k, "")) for k in fields) if isinstance(w, dict) else (str(w),)
         if key not in seen:
             seen.add(key)
             out.append(w)

@@ -280,3 +280,8 @@ def test_pruned_configs_are_named_by_the_decision_the_ranking_and_the_dashboard(
         assert all("was pruned before any trial, so it has no results: does not fit" in w.message for w in named)
     html = decision_html(jsonable(decision), {}, {})
     assert all(s in html for s in subjects) and html.count("was pruned before any trial") == 2
+    # the full analysis (report, analyze) gathers every section's caveats: each pruned config once
+    from analysis.report import analyze
+
+    doc = analyze(ds, n_boot=20)
+    assert sorted(w["subject"] for w in doc["warnings"] if w["code"] == "pruned") == sorted(subjects)
