@@ -87,14 +87,19 @@ def design_of(ds: xr.Dataset) -> tuple[str, bool]:
     return str(ds.attrs.get("design", "") or ""), bool(int(ds.attrs.get("randomized", 0) or 0))
 
 
+def restart_per_repeat_of(ds: xr.Dataset) -> int:
+    """The dataset's ``restart_per_repeat`` attribute: 0 when it says a config's repeats shared a
+    server start, else 1 (absent: every repeat had its own start; unreadable: taken as absent)."""
+    try:
+        return 0 if int(ds.attrs.get("restart_per_repeat", 1)) == 0 else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 def repeats_share_a_server(ds: xr.Dataset) -> bool:
     """Whether the experiment ran a config's repeats in one server start (``restart_per_repeat: false``)
     and some config has more than one repeat; datasets that do not say so gave every repeat its own start."""
-    try:
-        shared = int(ds.attrs.get("restart_per_repeat", 1)) == 0
-    except (TypeError, ValueError):
-        return False
-    if not shared or "repeat" not in ds.coords or ds.sizes.get("trial", 0) == 0:
+    if restart_per_repeat_of(ds) or "repeat" not in ds.coords or ds.sizes.get("trial", 0) == 0:
         return False
     return bool(np.nanmax(np.asarray(ds["repeat"].values, dtype="float64")) >= 1)  # some config repeated
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from analysis.common import restart_per_repeat_of
 from servetune.errors import ExperimentNotFoundError
 from servetune.paths import resolve_experiment_dir
 from servetune.schema import DATASET_FILE, SCHEMA_VERSION
@@ -110,7 +111,7 @@ def combine(parts: Sequence[xr.Dataset]) -> xr.Dataset:
     out.attrs["experiment"] = "+".join(names)
     designs = {str(ds.attrs.get("design", "")) for ds in parts}
     out.attrs["design"] = designs.pop() if len(designs) == 1 else "mixed"
-    out.attrs["restart_per_repeat"] = min(int(ds.attrs.get("restart_per_repeat", 1)) for ds in parts)
+    out.attrs["restart_per_repeat"] = min(restart_per_repeat_of(ds) for ds in parts)
     swept: set[str] = set()
     for ds in parts:
         swept.update(json.loads(ds.attrs.get("swept_parameters", "[]") or "[]"))

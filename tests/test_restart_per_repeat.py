@@ -110,3 +110,8 @@ def test_a_sweep_runs_what_it_planned_and_the_analysis_says_so(shared: bool, tmp
     both = combine([other, ds])
     assert int(both.attrs["restart_per_repeat"]) == (0 if shared else 1)
     assert ("repeats_share_server" in [w.code for w in rank(both).warnings]) == shared
+    # an unreadable attribute (a hand-edited or hostile results.nc) is taken as absent, never a crash
+    odd = ds.copy()
+    odd.attrs.update(restart_per_repeat="yes", experiment="odd")
+    assert int(combine([odd, other]).attrs["restart_per_repeat"]) == 1
+    assert "repeats_share_server" not in [w.code for w in rank(odd).warnings]
