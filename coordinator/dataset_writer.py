@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from servetune.manifest import TrialManifest
+
 log = logging.getLogger(__name__)
 
 #: The child's niceness: it yields the core to the coordinator's loop whenever both want it.
@@ -128,6 +130,7 @@ def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
 
     pending = False
     files_after = 0  # result files written up to this pending_results row
+    manifests: dict[str, tuple[str, TrialManifest]] = {}  # parsed once for all rewrites (Store.manifest_cache)
     while True:
         if not pending:
             ready, _, _ = select.select([stdin_fd], [], [], 60.0)
@@ -138,6 +141,7 @@ def serve(folder: Path, debounce_s: float, stdin_fd: int = 0) -> int:
         t0 = time.monotonic()
         try:
             store = Store.open_readonly(folder)
+            store.manifest_cache = manifests
             try:
                 files_after = store.materialize_result_files(files_after)
                 write_dataset(store)

@@ -1,6 +1,7 @@
 """Sweep progress for people: trials done / total, the current trial and phase, and an ETA.
 
-On a terminal it is a live rich progress bar; elsewhere (CI logs, pipes) one line per change.
+On a terminal it is a live rich progress bar; elsewhere (CI logs, pipes) one line per change,
+at most ten a second for trials that finished ok.
 The ETA starts from the plan's estimate and is rescaled by how fast the sweep actually goes.
 """
 
@@ -12,6 +13,9 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+#: Off a terminal, the shortest time between two lines about finished trials (failures excepted).
+LINE_INTERVAL_S = 0.1
 
 
 def _fmt_eta(seconds: float | None) -> str:
@@ -33,6 +37,7 @@ class SweepProgress:
         self._current = "waiting for the daemon"
         self._live = self.console.is_terminal
         self._last_line = ""
+        self._last_print = -LINE_INTERVAL_S
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
@@ -86,7 +91,12 @@ class SweepProgress:
         if not ok:
             self.failed += 1
         self._current = text
-        self._render(force=True)
+        # Off a terminal, a finished trial gets its own line unless one was printed less than
+        # LINE_INTERVAL_S ago (a fleet finishes thousands a second: a line each would cost the loop
+        # more than the result). A failure and the last trial always get theirs.
+        if (self._live or not ok or self.done >= self.total
+                or time.monotonic() - self._last_print >= LINE_INTERVAL_S):
+            self._render(force=True)
 
     def _render(self, force: bool = False) -> None:
         eta = _fmt_eta(self.eta())
@@ -96,5 +106,6 @@ class SweepProgress:
         line = f"[{self.done}/{self.total}] {self._current}"
         if force or line != self._last_line:
             self._last_line = line
+            self._last_print = time.monotonic()
             elapsed = int(time.monotonic() - self._start)
             print(f"{line}  (elapsed {elapsed // 60}:{elapsed % 60:02d}, {eta})", file=sys.stderr, flush=True)

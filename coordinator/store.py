@@ -30,6 +30,7 @@ Contract:
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import os
@@ -91,6 +92,10 @@ CREATE TABLE IF NOT EXISTS schedule (
 """
 
 
+#: Numbers of the temporary result file names of this process (every store in it shares them).
+_TMP_SEQ = itertools.count(1)
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -128,9 +133,16 @@ class Store:
         self._unwritten: list[tuple[str, str]] = []  # records (path as text, JSON) whose file is not written yet
         self._unsettled: list[Path] = []  # result files written, not yet fsynced (their rows kept)
         self._folders: set[str] = set()  # result folders known to exist
+        #: Trial folders under ``results/`` when the store was opened for writing (None: not read).
+        #: A result file for a running attempt can exist only in one of them: this store writes a
+        #: trial's files only for attempts it finished, each once (see :meth:`finish_attempt`).
+        self._trial_dirs_at_open: set[str] | None = None
         #: True: the result files are left to another process (:meth:`materialize_result_files`,
         #: the coordinator's results.nc writer) and to :meth:`settle_result_files` at close.
         self.defer_result_files = False
+        #: trial id -> (manifest JSON, manifest) kept by a caller that reads :meth:`trials` again and
+        #: again (the results.nc writer child: parsing every manifest was most of each rewrite).
+        self.manifest_cache: dict[str, tuple[str, TrialManifest]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -149,6 +161,10 @@ class Store:
         conn.executescript(_SCHEMA)
         _migrate(conn)
         store = cls(path, conn)
+        try:
+            store._trial_dirs_at_open = set(os.listdir(path / "results"))
+        except FileNotFoundError:
+            store._trial_dirs_at_open = set()
         store.settle_result_files()  # a crash may have left result files unwritten or incomplete
         return store
 
@@ -324,7 +340,18 @@ class Store:
         rows = self._conn.execute(
             "SELECT trial_id, manifest_json, first_spec_hash FROM trials ORDER BY created_at_us, rowid"
         ).fetchall()
-        return [(r["trial_id"], TrialManifest.model_validate_json(r["manifest_json"]), r["first_spec_hash"]) for r in rows]
+        cache = self.manifest_cache
+        if cache is None:
+            return [(r["trial_id"], TrialManifest.model_validate_json(r["manifest_json"]), r["first_spec_hash"])
+                    for r in rows]
+        out = []
+        for r in rows:
+            text = r["manifest_json"]
+            hit = cache.get(r["trial_id"])
+            if hit is None or hit[0] != text:  # a trial's row never changes; the text is compared all the same
+                hit = cache[r["trial_id"]] = (text, TrialManifest.model_validate_json(text))
+            out.append((r["trial_id"], hit[1], r["first_spec_hash"]))
+        return out
 
     # ------------------------------------------------------------------ attempts
 
@@ -461,7 +488,10 @@ class Store:
                 (trial_id, attempt, ts, status, failure_kind or ""),
             )
             if path is not None and rel is not None and text is not None:
-                if os.path.exists(path):  # the savepoint undoes the UPDATE
+                # a file there already (a store rebuilt beside old results): refuse; the savepoint
+                # undoes the UPDATE. Only trial folders that existed at open can hold one.
+                dirs = self._trial_dirs_at_open
+                if (dirs is None or trial_id in dirs) and os.path.exists(path):
                     raise StoreError(f"result file {path} already exists; refusing to overwrite a measurement")
                 c.execute("INSERT INTO pending_results(trial_id, attempt, result_path, record_json) VALUES (?,?,?,?)",
                           (trial_id, attempt, rel, text))
@@ -546,13 +576,22 @@ class Store:
         if key not in self._folders:
             folder.mkdir(parents=True, exist_ok=True)
             self._folders.add(key)
-        fd, tmp = tempfile.mkstemp(prefix=".attempt-", suffix=".json", dir=folder)
+        # a temporary name of this process's own (created exclusively, mode 0600 as mkstemp's),
+        # linked under the final name only once complete: a reader never sees half a record
+        tmp = os.path.join(key, f".attempt-{os.getpid()}-{next(_TMP_SEQ)}.json")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # left by a dead process that had this pid: a random name instead
+            fd, tmp = tempfile.mkstemp(prefix=".attempt-", suffix=".json", dir=key)
+        try:
+            try:
+                data = text.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data):]
                 if fsync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             try:
                 os.link(tmp, final)  # fails if the file exists: a result is never overwritten
             except FileExistsError:

@@ -13,6 +13,7 @@ import hashlib
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -178,8 +179,10 @@ class PlannedBatch:
     trials: tuple[TrialManifest, ...]
     is_baseline: bool = False
 
-    @property
+    @cached_property
     def config_id(self) -> str:
+        """Computed once per batch (a sha256: the coordinator's core reads it for every GRANT and
+        every new lease); the dataclass and its config are frozen."""
         return self.config.config_id
 
     @property

@@ -13,7 +13,7 @@ import pytest
 from coordinator.dataset import build_dataset, write_dataset
 from coordinator.store import Store, StoreError
 from coordinator.sweep import select_work
-from servetune.manifest import plan_grid
+from servetune.manifest import TrialManifest, plan_grid
 from servetune.spec import parse_spec
 
 SPEC = """
@@ -205,3 +205,64 @@ def test_result_files_left_to_another_process_are_written_from_sqlite_and_settle
     again = Store.open(tmp_path / "exp")
     assert again._conn.execute("SELECT COUNT(*) FROM pending_results").fetchone()[0] == 0
     again.close()
+
+
+def test_a_store_rebuilt_beside_old_results_refuses_to_overwrite_them(tmp_path: Path) -> None:
+    """experiment.sqlite deleted, results/ kept: attempt 1 starts again, and its result file is
+    refused before anything of it is stored (the old measurement stays as it was)."""
+    store, (t0, _t1) = _setup(tmp_path)
+    a = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    old = store.finish_attempt(t0, a, status="ok", failure_kind=None, error=None, submission_id="s",
+                               record={"old": 1}, metrics={}, hardware_class=None)
+    store.close()
+    (tmp_path / "exp" / "experiment.sqlite").unlink()
+    for extra in ("experiment.sqlite-wal", "experiment.sqlite-shm"):
+        (tmp_path / "exp" / extra).unlink(missing_ok=True)
+    store, _ = _setup(tmp_path)
+    a = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    assert a == 1
+    with store.group():
+        with pytest.raises(StoreError, match="refusing to overwrite"):
+            store.finish_attempt(t0, a, status="ok", failure_kind=None, error=None, submission_id="s2",
+                                 record={"new": 2}, metrics={}, hardware_class=None)
+    store.write_result_files()
+    assert json.loads(Path(old).read_text()) == {"old": 1}
+    assert [x.status for x in store.attempts(t0)] == ["running"]
+
+
+def test_the_writer_child_parses_each_manifest_once_across_rewrites(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store, ids = _setup(tmp_path)
+    cache: dict = {}
+    store.manifest_cache = cache
+    first = store.trials()
+    assert [t for t, _, _ in first] == ids and set(cache) == set(ids)
+    parsed = []
+    real = TrialManifest.model_validate_json
+    monkeypatch.setattr(TrialManifest, "model_validate_json", lambda text: parsed.append(text) or real(text))
+    again = store.trials()
+    assert parsed == [] and [m for _, m, _ in again] == [m for _, m, _ in first]
+    assert all(a is b for (_, a, _), (_, b, _) in zip(again, first))
+    cache[ids[0]] = ("stale text", cache[ids[0]][1])  # text that is not the row's: parsed again
+    store.trials()
+    assert len(parsed) == 1
+
+
+def test_a_temporary_name_left_by_a_dead_process_is_stepped_around(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import itertools
+
+    import coordinator.store as store_mod
+
+    store, (t0, _t1) = _setup(tmp_path)
+    folder = tmp_path / "exp" / "results" / t0
+    folder.mkdir(parents=True)
+    stale = folder / f".attempt-{os.getpid()}-7.json"
+    stale.write_text("left by a process that had this pid")
+    monkeypatch.setattr(store_mod, "_TMP_SEQ", itertools.count(7))
+    a = store.begin_attempt(t0, daemon_id="d", batch_id="b", spec_hash="h")
+    path = store.finish_attempt(t0, a, status="ok", failure_kind=None, error=None, submission_id="s",
+                                record={"kept": 1}, metrics={}, hardware_class=None)
+    assert json.loads(Path(path).read_text()) == {"kept": 1}
+    assert stale.read_text() == "left by a process that had this pid"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([stale.name, f"attempt-{a}.json"])
