@@ -26,13 +26,14 @@ def _fmt_eta(seconds: float | None) -> str:
 
 
 class SweepProgress:
-    def __init__(self, total: int, estimate_s: float, console: Console | None = None):
+    def __init__(self, total: int, estimate_s: float | None, console: Console | None = None):
+        """``estimate_s``: the expected wall time of the ``total`` trials, the ETA until the first
+        finishes; None: unknown (the ETA shows ``--`` until then)."""
         self.console = console or Console(stderr=True)
         self.total = total
         self.done = 0
         self.failed = 0
         self._estimate_s = estimate_s
-        self._per_trial_est = estimate_s / total if total else 0.0
         self._start = time.monotonic()
         self._current = "waiting for the daemon"
         self._live = self.console.is_terminal
@@ -65,7 +66,7 @@ class SweepProgress:
     def eta(self) -> float | None:
         elapsed = time.monotonic() - self._start
         if self.done == 0:
-            return max(0.0, self._estimate_s - elapsed)
+            return None if self._estimate_s is None else max(0.0, self._estimate_s - elapsed)
         per_trial = elapsed / self.done
         return per_trial * (self.total - self.done)
 

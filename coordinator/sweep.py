@@ -398,7 +398,8 @@ class SweepRunner:
             print_ranking(store, self.spec, output_console(), dataset_path)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
-        estimate = self.plan.estimate_seconds() * n_todo / max(1, total)
+        wall = self.plan.wall_estimate_seconds(self.spec.backend.kind)
+        estimate = None if wall is None else wall * n_todo / max(1, total)
         self.clocks = ClockSchedule(self.fleet.clock_probe_every_s)
         hw = self.spec.hardware
         preferred = prior_bindings({m.trial_id: m.hardware_target for m in self.plan.trials()},

@@ -242,6 +242,14 @@ class Plan:
                 total += self.followup_starts(b) * server_start_s + followups * per
         return total
 
+    def wall_estimate_seconds(self, backend_kind: str) -> float | None:
+        """The wall time a sweep of this plan is expected to take on ``backend.kind`` (the first ETA
+        of its progress): an ``openai`` endpoint has no server starts; ``sim`` runs in seconds, at
+        a pace no estimate here knows (None: the ETA waits for its first trials)."""
+        if backend_kind == "sim":
+            return None
+        return self.estimate_seconds(server_start_s=0 if backend_kind == "openai" else 50.0)
+
     def estimate_text(self, backend_kind: str) -> str:
         """The estimated wall time as ``validate`` and ``--dry-run`` say it, for ``backend.kind``: an
         ``openai`` endpoint has no server starts; the ``sim`` backend runs in seconds, so its figure

@@ -65,3 +65,6 @@ def test_the_quasi_random_example_runs_on_the_simulator(tmp_path: Path, tiny_cac
     assert len(set(ds.config_id.values.tolist())) == spec.planner.n_configs
     assert ds.sizes["trial"] == spec.planner.n_configs * len(spec.load_points) * spec.repeats
     assert set(ds.status.values.tolist()) == {"ok"}
+    # the ETA before the first trial: the simulator's pace is unknown, never real vLLM's minutes
+    first = [line for line in proc.stderr.splitlines() if line.startswith("[0/")]
+    assert first and all(line.endswith("ETA --)") for line in first), first

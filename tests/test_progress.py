@@ -43,3 +43,20 @@ def test_slow_trials_each_get_a_line(capsys: pytest.CaptureFixture[str], monkeyp
             p.trial_done(True, f"t{i}: ok")
     lines = _lines(capsys.readouterr().err)
     assert [line.split()[0] for line in lines] == [f"[{i}/5]" for i in range(1, 6)]
+
+
+def test_the_first_eta_is_the_backend_s_own() -> None:
+    from servetune.manifest import plan_grid
+    from servetune.spec import parse_spec
+
+    plan = plan_grid(parse_spec("""
+name: eta
+engine: {grid: {max_num_seqs: [4, 8]}}
+load_points: [{name: a, max_concurrency: 1, num_requests: 4, input_len: 8, output_len: 8}]
+"""))
+    assert plan.wall_estimate_seconds("sim") is None
+    real, endpoint = plan.wall_estimate_seconds("vllm"), plan.wall_estimate_seconds("openai")
+    assert real is not None and endpoint is not None and real - endpoint == 2 * 50.0
+    assert SweepProgress(2, None, Console(file=io.StringIO())).eta() is None
+    eta = SweepProgress(2, 120.0, Console(file=io.StringIO())).eta()
+    assert eta is not None and 119.0 < eta <= 120.0
