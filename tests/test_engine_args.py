@@ -501,3 +501,19 @@ def test_the_daemon_flag_follows_the_environment_and_its_flag_wins(monkeypatch: 
     monkeypatch.setenv(CHECK_ENGINE_ARGS_ENV, "0")
     assert build_parser().parse_args(argv).check_engine_args is False
     assert build_parser().parse_args([*argv, "--check-engine-args"]).check_engine_args is True
+
+
+def test_a_sim_sweep_never_asks_vllm(tmp_path: Path, tiny_cache: Path) -> None:
+    """The local daemon of a ``sim`` sweep is told not to ask (nothing there runs vLLM): it joins at once."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SWEEP_SPEC.replace("name: versionargs", "name: simargs").replace(
+        "model: {source: tiny}", "model: {source: tiny}\nbackend: {kind: sim}"))
+    env = cli_env(tiny_cache)
+    env.pop(CHECK_ENGINE_ARGS_ENV, None)  # the default: on, unless the coordinator says otherwise
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(coordinator_cmd("sweep", str(spec), "--results-root", str(tmp_path / "runs")),
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = daemon_log(tmp_path / "runs" / "simargs")
+    assert "asking vLLM" not in log and "long options" not in log, log[-2000:]
+    assert "accepts" not in proc.stdout
