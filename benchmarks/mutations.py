@@ -409,10 +409,17 @@ MUTATIONS: tuple[Mutation, ...] = (
          "tests/test_engine_args.py::test_a_daemon_that_did_not_say_is_not_checked_and_the_sweep_says_so"),
     ),
     Mutation(
+        "engine-args-probe-kills-only-its-child", "a probe past its deadline takes its process group with it",
+        "daemon/vllm_args.py",
+        "                os.killpg(proc.pid, signal.SIGKILL)\n",
+        "                proc.kill()\n",
+        ("tests/test_engine_args.py::test_failing_or_hanging_vllm_gives_no_answer_and_says_why",),
+    ),
+    Mutation(
         "engine-args-probe-without-deadline", "asking vLLM for its flags has a deadline",
         "daemon/vllm_args.py",
-        "timeout=self.timeout_s, check=False, env=env,",
-        "check=False, env=env,",
+        "            stdout, stderr = proc.communicate(timeout=self.timeout_s)\n",
+        "            stdout, stderr = proc.communicate()\n",
         ("tests/test_engine_args.py::test_failing_or_hanging_vllm_gives_no_answer_and_says_why",),
     ),
 )

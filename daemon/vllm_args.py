@@ -26,11 +26,13 @@ recomputed; writes are atomic (temporary file, then rename).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: How long one child (the parser import, or ``--help=all``) may take (measured: 12-20 s on 2 cores).
 PROBE_TIMEOUT_S = 180.0
+#: How long a child killed at its deadline may take to be reaped.
+KILL_WAIT_S = 10.0
 #: The largest cache file read (one holds about 10 KB).
 MAX_CACHE_BYTES = 1024 * 1024
 #: The cache file format (a change makes old files miss, never misread).
@@ -245,14 +249,20 @@ class EngineArgsProbe:
         env = dict(os.environ)
         if shutil.which("nvidia-smi") is None:  # as daemon.server: CPU kernels, or SIGILL on AVX2-only CPUs
             env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False, env=env,
-                                 stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise ProbeFailed(f"{argv[0]} did not answer within {self.timeout_s:g} s") from None
+        try:  # its own process group: a launch command's children go with it on the deadline
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    text=True, env=env, start_new_session=True)
         except OSError as exc:
             raise ProbeFailed(f"cannot run {argv[0]}: {exc}") from None
-        if out.returncode != 0:
-            tail = (out.stderr.strip().splitlines() or [""])[-1]
-            raise ProbeFailed(f"{argv[0]} exited with code {out.returncode}: {tail[:300]}")
-        return out.stdout
+        try:
+            stdout, stderr = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a grandchild that left the group keeps the pipes
+                proc.communicate(timeout=KILL_WAIT_S)
+            raise ProbeFailed(f"{argv[0]} did not answer within {self.timeout_s:g} s (killed)") from None
+        if proc.returncode != 0:
+            tail = (stderr.strip().splitlines() or [""])[-1]
+            raise ProbeFailed(f"{argv[0]} exited with code {proc.returncode}: {tail[:300]}")
+        return stdout

@@ -112,7 +112,7 @@ def test_the_second_read_comes_from_the_cache_without_asking_vllm(
     def no_child(*a: Any, **k: Any) -> None:
         raise AssertionError("vLLM was asked again: the cache did not answer")
 
-    monkeypatch.setattr(subprocess, "run", no_child)
+    monkeypatch.setattr(subprocess, "Popen", no_child)
     t0 = time.monotonic()
     again = probe.read(accepted.vllm_version)
     took = time.monotonic() - t0
@@ -141,7 +141,7 @@ FAKE_PYTHON = """#!/bin/sh
 # A FAKE vLLM interpreter: counts calls; `-c` answers like servetune's parser script (unless
 # PARSER_FAILS), anything else answers like `--help=all`.
 if [ "$1" = "-c" ]; then echo "-c SCRIPT" >> "{calls}"; else echo "$@" >> "{calls}"; fi
-if [ -n "$FAKE_SLEEP" ]; then sleep "$FAKE_SLEEP"; fi
+if [ -n "$FAKE_SLEEP" ]; then sleep "$FAKE_SLEEP" & echo $! > "{calls}.sleeper"; wait; fi
 if [ "$1" = "-c" ]; then
   if [ -n "$PARSER_FAILS" ]; then echo "ModuleNotFoundError: No module named 'vllm.entrypoints'" >&2; exit 1; fi
   echo "INFO vllm noise on stdout"
@@ -222,6 +222,19 @@ def test_a_launch_command_is_asked_for_its_help_only(fake_python: tuple[Path, Pa
     assert probe.read(None) == accepted and asked(calls) == 1
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``seconds`` (SIGKILL lands asynchronously)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_failing_or_hanging_vllm_gives_no_answer_and_says_why(fake_python: tuple[Path, Path], tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
@@ -242,6 +255,8 @@ def test_failing_or_hanging_vllm_gives_no_answer_and_says_why(fake_python: tuple
         assert EngineArgsProbe(python=str(script), cache=tmp_path / "c", timeout_s=0.5).read("1.0") is None
     assert time.monotonic() - t0 < 10, "each child has a deadline"
     assert "did not answer within 0.5 s" in caplog.text
+    sleeper = int(Path(f"{calls}.sleeper").read_text())
+    assert gone_within(sleeper, 3.0), "the child's own children are killed with it (its process group)"
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert EngineArgsProbe(python=str(tmp_path / "nothing"), cache=tmp_path / "c").read(None) is None
