@@ -381,7 +381,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "engine-args-never-missing", "a config needing a flag the daemon's vLLM lacks is refused",
         "servetune/vllm_args.py",
-        "    return [flag for flag in config_flags(args) if flag not in have]\n",
+        "    return [flag for flag in needed if flag not in accepted]\n",
         "    return []\n",
         ("tests/test_engine_args.py::test_a_config_no_connected_daemon_accepts_is_closed_as_a_config_failure_without_a_grant",
          "tests/test_engine_args.py::test_a_sweep_refuses_what_its_daemons_vllm_does_not_accept"),

@@ -102,7 +102,7 @@ from servetune.messages import (
 from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
-from servetune.vllm_args import AcceptedArgs, missing_flags, refusal_text
+from servetune.vllm_args import AcceptedArgs, config_flags, missing_flags, refusal_text
 
 #: The submission id of a result the core makes for a trial it refused (``servetune.vllm_args``).
 REFUSED_SUBMISSION = "refused-by-coordinator"
@@ -229,6 +229,9 @@ class DaemonSession:
     fingerprint: Fingerprint | None = None
     engine_args: AcceptedArgs | None = None
 
+    def __post_init__(self) -> None:
+        self.accepted_flags = frozenset(self.engine_args.flags) if self.engine_args is not None else None
+
 
 @dataclass(frozen=True)
 class WaitingReady:
@@ -295,6 +298,7 @@ class ControlCore:
         self._no_daemon_since: float | None = now
         self._no_daemon_reported = False
         self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
+        self._needed: dict[str, tuple[str, ...]] = {}  # batch -> the engine flags its config passes
         self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
         #: Admission control, set by the adapter before each pass: how many more GRANTs this pass
         #: may make (None: no limit). A READY that finds work but no budget waits, as one that
@@ -581,7 +585,7 @@ class ControlCore:
         self.service.known.add(fp.hardware_class)
         self.service.served.add(fp.hardware_class)  # its daemons have started: the cool-down rule applies
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
-        if self.spec.backend.kind == "vllm":
+        if self.spec.backend.kind == "vllm" and old is None:  # said when it joins, not on every reconnect
             if caps.engine_args is None:
                 out.append(Notice(logging.WARNING, f"daemon {daemon_id} did not say which engine args its vLLM "
                                                    f"({fp.vllm_version or 'version unknown'}) accepts: configs are not "
@@ -718,7 +722,7 @@ class ControlCore:
         out: list[Instruction] = []
         chosen: BatchWork | None = None
         for work in self.queue.candidates(d.hardware_class):
-            missing = missing_flags(work.batch.config.args, accepted)
+            missing = self._missing(d, work)
             if not missing:
                 chosen = chosen or work
             elif not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):
@@ -733,7 +737,15 @@ class ControlCore:
         accepts its flags, or did not say which it accepts (then it is not checked)."""
         if work.hardware_class is not None and work.hardware_class != d.hardware_class:
             return False
-        return d.engine_args is None or not missing_flags(work.batch.config.args, d.engine_args)
+        return d.engine_args is None or not self._missing(d, work)
+
+    def _missing(self, d: DaemonSession, work: BatchWork) -> list[str]:
+        """The flags ``work``'s config would pass that ``d``'s vLLM does not accept (a batch's flags
+        are worked out once: a waiting READY looks at the whole queue on every tick)."""
+        needed = self._needed.get(work.batch_id)
+        if needed is None:
+            needed = self._needed[work.batch_id] = tuple(config_flags(work.batch.config.args))
+        return [] if d.accepted_flags is None else missing_flags(needed, d.accepted_flags)
 
     def _refuse(self, d: DaemonSession, accepted: AcceptedArgs, work: BatchWork, missing: list[str]) -> list[Instruction]:
         """Close ``work``'s trials as ``config`` failures without running them: attempts opened for

@@ -15,6 +15,7 @@ those at start, within seconds.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -56,10 +57,10 @@ def config_flags(args: EngineArgs) -> list[str]:
     return [token for token in args.cli_args() if token.startswith("--")]
 
 
-def missing_flags(args: EngineArgs, accepted: AcceptedArgs) -> list[str]:
-    """The flags ``args`` would pass that ``accepted`` does not list (empty: that vLLM takes them all)."""
-    have = set(accepted.flags)
-    return [flag for flag in config_flags(args) if flag not in have]
+def missing_flags(needed: Iterable[str], accepted: Collection[str]) -> list[str]:
+    """The flags of ``needed`` (a config's :func:`config_flags`) that ``accepted`` (a vLLM's
+    :attr:`AcceptedArgs.flags`, best as a set) does not hold; empty: that vLLM takes them all."""
+    return [flag for flag in needed if flag not in accepted]
 
 
 def refusal_text(missing: list[str], accepted: AcceptedArgs, daemon_id: str) -> str:

@@ -313,8 +313,9 @@ def test_the_flags_a_config_needs() -> None:
                                   "--no-enforce-eager"]
     old = AcceptedArgs(vllm_version="0.6.0", source="p",
                        flags=["--enable-prefix-caching", "--enforce-eager", "--gpu-memory-utilization", "--max-num-seqs"])
-    assert missing_flags(args, old) == ["--no-enforce-eager"], "store_true only: the --no- form is another flag"
-    assert missing_flags(EngineArgs(), old) == []
+    assert missing_flags(config_flags(args), set(old.flags)) == ["--no-enforce-eager"], \
+        "store_true only: the --no- form is another flag"
+    assert missing_flags(config_flags(EngineArgs()), set(old.flags)) == []
     text = refusal_text(["--no-enforce-eager"], old, "node-1")
     assert text.splitlines()[0] == "vLLM 0.6.0 on daemon node-1 does not accept --no-enforce-eager: not started there"
 
@@ -411,6 +412,9 @@ def test_a_daemon_that_did_not_say_is_not_checked_and_the_sweep_says_so() -> Non
                for i in said)
     assert not [i for i in ready(c, "old") if isinstance(i, Accept)], "'quiet' may run them (unchecked)"
     assert [seqs(g) for g in grants(ready(c, "quiet"))] == [2]
+    again = c.handle("quiet", Hello(daemon_id="quiet", session_nonce="quiet-2", pid=1, capabilities=Capabilities(
+        fingerprint=fingerprint())))
+    assert not any(isinstance(i, Notice) and "engine args" in i.text for i in again), "said once, not per reconnect"
 
 
 def test_only_daemons_of_the_batch_class_count() -> None:
