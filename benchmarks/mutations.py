@@ -377,6 +377,51 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_loadgen.py::test_empty_finishing_chunk_is_not_a_token",
          "tests/test_loadgen.py::test_openai_style_final_empty_chunk_leaves_itl_unbiased"),
     ),
+    # ---------------------------------------------------------------- version-aware engine args
+    Mutation(
+        "engine-args-never-missing", "a config needing a flag the daemon's vLLM lacks is refused",
+        "servetune/vllm_args.py",
+        "    return [flag for flag in needed if flag not in accepted]\n",
+        "    return []\n",
+        ("tests/test_engine_args.py::test_a_config_no_connected_daemon_accepts_is_closed_as_a_config_failure_without_a_grant",
+         "tests/test_engine_args.py::test_a_sweep_refuses_what_its_daemons_vllm_does_not_accept"),
+    ),
+    Mutation(
+        "hello-sends-null-engine-args", "HELLO leaves unknown engine args out of its JSON (older peers decode it)",
+        "servetune/messages.py",
+        '            data.pop("engine_args", None)\n',
+        "            pass\n",
+        ("tests/test_engine_args.py::test_hello_leaves_unknown_engine_args_out_of_its_json",),
+    ),
+    Mutation(
+        "engine-args-cache-never-read", "vLLM is asked once per version and interpreter, then the cache answers",
+        "daemon/vllm_args.py",
+        "        cached = self._load(version)\n",
+        "        cached = None\n",
+        ("tests/test_engine_args.py::test_the_cache_is_keyed_by_vllm_version_and_interpreter",),
+    ),
+    Mutation(
+        "engine-args-refused-despite-a-willing-daemon", "a config waits for a connected daemon whose vLLM accepts it",
+        "coordinator/control.py",
+        "            elif not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):\n",
+        "            elif True:\n",
+        ("tests/test_engine_args.py::test_a_config_waits_for_a_connected_daemon_whose_vllm_accepts_it",
+         "tests/test_engine_args.py::test_a_daemon_that_did_not_say_is_not_checked_and_the_sweep_says_so"),
+    ),
+    Mutation(
+        "engine-args-probe-kills-only-its-child", "a probe past its deadline takes its process group with it",
+        "daemon/vllm_args.py",
+        "                os.killpg(proc.pid, signal.SIGKILL)\n",
+        "                proc.kill()\n",
+        ("tests/test_engine_args.py::test_failing_or_hanging_vllm_gives_no_answer_and_says_why",),
+    ),
+    Mutation(
+        "engine-args-probe-without-deadline", "asking vLLM for its flags has a deadline",
+        "daemon/vllm_args.py",
+        "            stdout, stderr = proc.communicate(timeout=self.timeout_s)\n",
+        "            stdout, stderr = proc.communicate()\n",
+        ("tests/test_engine_args.py::test_failing_or_hanging_vllm_gives_no_answer_and_says_why",),
+    ),
 )
 
 

@@ -36,6 +36,13 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   file's ``groups``, a daemon's own, the implicit group of a non-loopback ``openai`` endpoint)
   holding at most ``group_max_concurrency`` between members, taking turns round-robin. A READY
   the policy does not allow now waits like one that found no work.
+- Engine args (:mod:`servetune.vllm_args`): a daemon whose HELLO lists the engine flags its vLLM
+  accepts is never granted a ``vllm`` batch whose config needs a flag missing there; the batch stays
+  queued for a connected daemon that may run it (one that accepts it, or one that did not say, whose
+  configs are not checked: a Notice says so at its HELLO). When no connected daemon may, its trials
+  are closed at once as ``config`` failures (:class:`BeginAttempts`, then an :class:`Accept` per
+  trial of a result made here, naming the flags and the vLLM version, attributed to the daemon that
+  refused it): never started, never re-queued, run again only with ``--retry-failed``.
 - After a coordinator restart, attempts found ``running`` in the store are given back as
   ``orphans``: leases that their daemon adopts by listing them in its HELLO within the TTL, or
   that are revoked like any other expired lease.
@@ -92,8 +99,13 @@ from servetune.messages import (
     Welcome,
     grant_bounds_problem,
 )
+from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
+from servetune.vllm_args import AcceptedArgs, config_flags, missing_flags, refusal_text
+
+#: The submission id of a result the core makes for a trial it refused (``servetune.vllm_args``).
+REFUSED_SUBMISSION = "refused-by-coordinator"
 
 # ---------------------------------------------------------------------- instructions
 
@@ -213,6 +225,12 @@ class DaemonSession:
     last_seen: float
     suspect: bool = False
     key: str = ""
+    #: What its HELLO said: the node's fingerprint, and the engine flags its vLLM accepts (None: not said).
+    fingerprint: Fingerprint | None = None
+    engine_args: AcceptedArgs | None = None
+
+    def __post_init__(self) -> None:
+        self.accepted_flags = frozenset(self.engine_args.flags) if self.engine_args is not None else None
 
 
 @dataclass(frozen=True)
@@ -280,6 +298,7 @@ class ControlCore:
         self._no_daemon_since: float | None = now
         self._no_daemon_reported = False
         self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
+        self._needed: dict[str, tuple[str, ...]] = {}  # batch -> the engine flags its config passes
         self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
         #: Admission control, set by the adapter before each pass: how many more GRANTs this pass
         #: may make (None: no limit). A READY that finds work but no budget waits, as one that
@@ -423,7 +442,10 @@ class ControlCore:
             if self.queue and self.breaker.may_grant(daemon_id, now):  # an open breaker: no work
                 if not self._may_grant():
                     continue  # work is there, this pass's budget is not: it stays waiting, unanswered
-                work = self._take(d.hardware_class) if self._policy_allows(d) else None
+                work = None
+                if self._policy_allows(d):
+                    work, refused = self._take(d)
+                    out += refused
                 if work is not None:
                     del self.waiting[daemon_id]
                     out += self._grant(d, work, w.seq, now)
@@ -556,13 +578,21 @@ class ControlCore:
                 out += self._revoke(lease, f"daemon {daemon_id} {why} as a new session without lease {lease.batch_id}")
         known = {(r.trial_id, r.epoch) for r in renewed}  # and accepted ones: their replay gets an ACK
         revoked += [LeaseRef(trial_id=t, epoch=e) for t, e in sorted(held - known) if (t, e) not in self._accepted]
+        caps = msg.capabilities
         self.daemons[daemon_id] = DaemonSession(daemon_id, msg.session_nonce, fp.hardware_class, msg.pid, now,
-                                                key=key)
+                                                key=key, fingerprint=fp, engine_args=caps.engine_args)
         self._no_daemon_since = None
         self.service.known.add(fp.hardware_class)
         self.service.served.add(fp.hardware_class)  # its daemons have started: the cool-down rule applies
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
-        caps = msg.capabilities
+        if self.spec.backend.kind == "vllm" and old is None:  # said when it joins, not on every reconnect
+            if caps.engine_args is None:
+                out.append(Notice(logging.WARNING, f"daemon {daemon_id} did not say which engine args its vLLM "
+                                                   f"({fp.vllm_version or 'version unknown'}) accepts: configs are not "
+                                                   "checked against it before they run there"))
+            else:
+                out.append(Notice(logging.INFO, f"daemon {daemon_id}: vLLM {caps.engine_args.vllm_version} accepts "
+                                                f"{len(caps.engine_args.flags)} long options"))
         joined = self.policy.join(daemon_id, fp.hardware_class, caps.max_concurrency, caps.group,
                                   caps.group_max_concurrency, devices=len(fp.gpus))
         out += [Notice(logging.INFO, note) for note in joined.notes]
@@ -607,17 +637,19 @@ class ControlCore:
 
     def _ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction]:
         self.policy.asked(d.daemon_id)
-        out = self._answer_ready(d, msg, now)
+        said: list[Instruction] = []
+        out = self._answer_ready(d, msg, now, said)
         if out is not None:
             self.waiting.pop(d.daemon_id, None)  # answered: nothing of it waits any more
             return out
         # No work for it now (or no budget this pass): it waits. A newer READY replaces one still
         # waiting in its place in the queue (oldest first), so asking again never sends it back.
         self.waiting[d.daemon_id] = WaitingReady(msg.seq, d.session_nonce, now + self.settings.heartbeat_interval_s)
-        return []
+        return said
 
-    def _answer_ready(self, d: DaemonSession, msg: Ready, now: float) -> list[Instruction] | None:
-        """What answers ``msg`` now, or None when it must wait for work."""
+    def _answer_ready(self, d: DaemonSession, msg: Ready, now: float, said: list[Instruction]) -> list[Instruction] | None:
+        """What answers ``msg`` now, or None when it must wait for work (then ``said`` gets what
+        is to be carried out meanwhile: batches refused on the way)."""
         out: list[Instruction] = []
         held = {(r.trial_id, r.epoch) for r in msg.held}
         kept = 0
@@ -636,13 +668,16 @@ class ControlCore:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=self.settings.heartbeat_interval_s))]
         if out:
             return [*out, Send(d.daemon_id, NoWork(retry_after_s=0.0))]
-        work = (self._take(d.hardware_class)
-                if self._may_grant() and self.breaker.may_grant(d.daemon_id, now) and self._policy_allows(d) else None)
+        work = None
+        if self._may_grant() and self.breaker.may_grant(d.daemon_id, now) and self._policy_allows(d):
+            work, refused = self._take(d)
+            out += refused
         if work is None:
             if self.stopping or self.finished:
-                return [Send(d.daemon_id, Shutdown(reason="no more work"))]
+                return [*out, Send(d.daemon_id, Shutdown(reason="no more work"))]
+            said += out  # batches refused: said now, while the READY itself waits for work
             return None
-        return self._grant(d, work, msg.seq, now)
+        return [*out, *self._grant(d, work, msg.seq, now)]
 
     def _may_grant(self) -> bool:
         return self.grant_budget is None or self.grant_budget > 0
@@ -675,10 +710,66 @@ class ControlCore:
         return [*self.breaker.granted(d.daemon_id, now), BeginAttempts(d.daemon_id, work.batch_id, attempts),
                 Send(d.daemon_id, grant)]
 
-    def _take(self, hardware_class: str) -> BatchWork | None:
+    def _take(self, d: DaemonSession) -> tuple[BatchWork | None, list[Instruction]]:
+        """The next batch ``d`` may run (its class's queue, then unpinned work), and the closing of
+        every queued batch it could take whose flags its vLLM does not accept and no other connected
+        daemon may run (all of them at once: refused before any of its trials would have run)."""
         if self.stopping:
-            return None
-        return self.queue.take(hardware_class)
+            return None, []
+        accepted = d.engine_args
+        if accepted is None or self.spec.backend.kind != "vllm":
+            return self.queue.take(d.hardware_class), []
+        out: list[Instruction] = []
+        chosen: BatchWork | None = None
+        for work in self.queue.candidates(d.hardware_class):
+            missing = self._missing(d, work)
+            if not missing:
+                chosen = chosen or work
+            elif not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):
+                self.queue.remove(work)
+                out += self._refuse(d, accepted, work, missing)
+        if chosen is not None:
+            self.queue.remove(chosen)
+        return chosen, out
+
+    def _may_run(self, d: DaemonSession, work: BatchWork) -> bool:
+        """Whether ``d`` could be granted ``work``: its class (or unpinned work) and a vLLM that
+        accepts its flags, or did not say which it accepts (then it is not checked)."""
+        if work.hardware_class is not None and work.hardware_class != d.hardware_class:
+            return False
+        return d.engine_args is None or not self._missing(d, work)
+
+    def _missing(self, d: DaemonSession, work: BatchWork) -> list[str]:
+        """The flags ``work``'s config would pass that ``d``'s vLLM does not accept (a batch's flags
+        are worked out once: a waiting READY looks at the whole queue on every tick)."""
+        needed = self._needed.get(work.batch_id)
+        if needed is None:
+            needed = self._needed[work.batch_id] = tuple(config_flags(work.batch.config.args))
+        return [] if d.accepted_flags is None else missing_flags(needed, d.accepted_flags)
+
+    def _refuse(self, d: DaemonSession, accepted: AcceptedArgs, work: BatchWork, missing: list[str]) -> list[Instruction]:
+        """Close ``work``'s trials as ``config`` failures without running them: attempts opened for
+        ``d`` (whose vLLM refused it last), each with a result made here saying why."""
+        reason = refusal_text(missing, accepted, d.daemon_id)
+        at_us = int(self.wall_clock() * 1_000_000)
+        attempts: dict[str, int] = {}
+        for m in work.trials:
+            self._attempts[m.trial_id] = self._attempts.get(m.trial_id, 0) + 1
+            attempts[m.trial_id] = self._attempts[m.trial_id]
+        out: list[Instruction] = [
+            Notice(logging.INFO, f"{reason.splitlines()[0]}; no connected daemon's vLLM accepts it: "
+                                    f"{len(work.trials)} trial(s) of batch {work.batch_id} closed as config failures"),
+            BeginAttempts(d.daemon_id, work.batch_id, attempts),
+        ]
+        for m in work.trials:
+            epoch = attempts[m.trial_id]
+            outcome = TrialOutcome(status="failed", failure_kind="config", error=reason, started_at_us=at_us,
+                                   finished_at_us=at_us, fingerprint=d.fingerprint)
+            result = Result(session_nonce=d.session_nonce, batch_id=work.batch_id, trial_id=m.trial_id, epoch=epoch,
+                            submission_id=REFUSED_SUBMISSION, outcome=outcome)
+            self._accepted[(m.trial_id, epoch)] = REFUSED_SUBMISSION
+            out.append(Accept(d.daemon_id, result, m))
+        return out
 
     def _state(self, d: DaemonSession, msg: State) -> list[Instruction]:
         if msg.trial_id is not None:

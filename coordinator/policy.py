@@ -77,6 +77,22 @@ class ClassQueues:
                 return q.popleft()
         return None
 
+    def candidates(self, hardware_class: str) -> list[BatchWork]:
+        """What :meth:`take` would hand a daemon of ``hardware_class``, in that order (its class's
+        queue, then unpinned work); nothing is removed."""
+        return [w for key in (hardware_class, None) for w in self._queues.get(key, ())]
+
+    def remove(self, work: BatchWork) -> bool:
+        """Take ``work`` (this very batch) out of its queue; False when it is not queued."""
+        q = self._queues.get(work.hardware_class)
+        if q is None:
+            return False
+        for i, w in enumerate(q):
+            if w is work:
+                del q[i]
+                return True
+        return False
+
     def has_work(self, hardware_class: str) -> bool:
         return bool(self._queues.get(hardware_class)) or bool(self._queues.get(None))
 

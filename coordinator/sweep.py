@@ -84,6 +84,7 @@ from servetune.paths import experiment_dir
 from servetune.plausibility import implausible
 from servetune.result import TrialOutcome
 from servetune.spec import DERIVED_MARK, ExperimentSpec, LoadPoint
+from servetune.vllm_args import cache_dir as engine_args_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -542,7 +543,7 @@ class SweepRunner:
     def _start_local_daemon(self, address: str, folder: Path) -> None:
         cmd = (self.opts.daemon_command or default_daemon_command()) + [
             "start", "--coordinator", address, "--workdir", str((folder / "daemon").resolve()), "--exit-with-parent",
-        ] + self.opts.daemon_args
+        ] + self._engine_args_flags() + self.opts.daemon_args
         if self.spec.backend.api_key_env:  # this user's own daemon may use the spec's API-key variable
             cmd += ["--api-key-env", self.spec.backend.api_key_env]
         logs = folder / "logs"
@@ -556,6 +557,13 @@ class SweepRunner:
         log.info("local daemon pid %d: %s (log %s)", self.child.pid, " ".join(cmd), log_path)
         assert self.progress is not None
         self.progress.phase("starting the local daemon")
+
+    def _engine_args_flags(self) -> list[str]:
+        """The local daemon asks its vLLM which engine flags it accepts only for a ``vllm`` sweep, and
+        caches the answer in this user's servetune home (the child's own is a throwaway one)."""
+        if self.spec.backend.kind != "vllm":
+            return ["--no-check-engine-args"]
+        return ["--engine-args-cache", str(engine_args_cache_dir(servetune_home()).resolve())]
 
     def _stop_child(self, timeout_s: float = 60.0) -> None:
         child = self.child

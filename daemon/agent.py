@@ -40,6 +40,11 @@ Stopping (SHUTDOWN, SIGINT, SIGTERM, the parent dying with ``--exit-with-parent`
 coordinator lost) aborts the running batch (its vLLM's process group is killed, nothing more is
 submitted for it), says BYE, and :meth:`DaemonAgent.run` returns the exit code.
 
+Engine args: with ``engine_args`` set (``daemon start --check-engine-args``, the default), the
+daemon reads which flags its vLLM accepts (:mod:`daemon.vllm_args`: from its cache in milliseconds,
+else 12-20 s of asking vLLM's parser, once per vLLM version) before its first HELLO, which reports
+them; nothing else runs meanwhile, so asking never competes with a measurement for the cores.
+
 Clocks: a TIME_PROBE is answered at once, beside the session, with a TIME_REPLY stamping this
 node's wall clock when the frame was read and when the reply was made (:mod:`coordinator.clock`
 estimates the offset from it). :data:`TEST_CLOCK_OFFSET_ENV` is a TEST-ONLY hook that shifts those
@@ -85,6 +90,7 @@ from daemon.session import (
     StartBatch,
 )
 from daemon.slots import SlotPool
+from daemon.vllm_args import EngineArgsProbe
 from servetune.artifact_messages import ArtifactMissing, ArtifactRefused, ArtifactStored, ToCoordinator
 from servetune.artifacts import CHUNK_SIZE
 from servetune.errors import ProtocolError, ServetuneError
@@ -168,6 +174,9 @@ class DaemonOptions:
     #: it then does only for batches whose GRANT declares it too (the spec's ``hardware.co_tenancy``).
     max_concurrency: int = 1
     co_tenancy: bool = False
+    #: Asks (once per vLLM version; cached) which engine flags this node's vLLM accepts, reported
+    #: in HELLO (``--check-engine-args``, :mod:`daemon.vllm_args`); None: not asked, not reported.
+    engine_args: EngineArgsProbe | None = None
 
 
 def split_cpus(available: list[int]) -> tuple[list[int] | None, list[int] | None]:
@@ -334,6 +343,7 @@ class DaemonAgent:
             preflight.vllm.advertised = fingerprint.vllm_version
             joined = preflight.run()
             out_of_service = None if joined.ok else joined.summary[:_ERROR_CHARS]
+        accepted = self.opts.engine_args.read(fingerprint.vllm_version) if self.opts.engine_args is not None else None
         spool = ArtifactSpool.for_workdir(self.opts.workdir, self.opts.artifact_chunk_size)
         self._sender = SpoolSender(spool, PacingPolicy(bytes_per_interval=self.opts.upload_bytes_per_interval))
         ctx = BatchContext(workdir=self.opts.workdir, fingerprint=fingerprint, server_cpus=server_cpus,
@@ -357,7 +367,7 @@ class DaemonAgent:
             worker.start()
         session = DaemonSession(self.daemon_id, os.getpid(),
                                 Capabilities(fingerprint=fingerprint, out_of_service=out_of_service,
-                                             max_concurrency=slots.capacity),
+                                             max_concurrency=slots.capacity, engine_args=accepted),
                                 coordinator_lost_s=self.opts.coordinator_lost_s, slots=slots)
         self._zctx = zmq.Context()
         try:

@@ -62,6 +62,7 @@ from servetune.keys import (
     servetune_home,
 )
 from servetune.messages import Id
+from servetune.vllm_args import CHECK_ENGINE_ARGS_ENV
 
 if TYPE_CHECKING:
     from daemon.agent import DaemonAgent
@@ -197,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an environment variable of this node that a spec's backend.api_key_env may name: its "
                             "value is sent as the API key to the spec's base_url (repeatable; default: "
                             "$SERVETUNE_API_KEY_ENVS, comma-separated; none: no key leaves this node)")
+    start.add_argument("--check-engine-args", action=argparse.BooleanOptionalAction,
+                       default=os.environ.get(CHECK_ENGINE_ARGS_ENV, "1").strip().lower() not in ("0", "false", "no", "off"),
+                       help="before joining, ask this node's vLLM (its argument parser) which engine flags it accepts, "
+                            "so the coordinator never grants a config it would refuse: 12-20 s once per vLLM version, "
+                            "then read from the cache (default: on, unless $SERVETUNE_CHECK_ENGINE_ARGS is 0; a "
+                            "local sweep of the sim or openai backend turns it off)")
+    start.add_argument("--engine-args-cache", type=Path, default=None, metavar="DIR",
+                       help="where the accepted engine flags are cached, per vLLM version and interpreter "
+                            "(default: $SERVETUNE_HOME/vllm-args)")
     start.add_argument("--daemon-id", default=None, help="routing id (default: host-pid-random)")
     start.add_argument("--coordinator-lost", type=_seconds, default=DEFAULT_COORDINATOR_LOST_S, metavar="SECONDS",
                        help="exit with code 6 after this long without a word from the coordinator, including "
@@ -355,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("this node's daemon configuration is unusable; exiting with %d", ExitCode.DAEMON_CONFIG)
         return ExitCode.DAEMON_CONFIG
     from daemon.agent import DaemonAgent, DaemonOptions
+    from daemon.vllm_args import EngineArgsProbe
 
     assert keys is not None
     agent = DaemonAgent(DaemonOptions(
@@ -365,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         coordinator_lost_s=args.coordinator_lost, upload_bytes_per_interval=args.upload_bytes_per_interval,
         artifact_chunk_size=args.artifact_chunk_size, preflight=node_preflight(args, node_has_gpus=False),
         max_concurrency=int(args.max_concurrency), co_tenancy=args.co_tenancy,
+        engine_args=(EngineArgsProbe(python=args.vllm_python, launch=args.vllm_launch, cache=args.engine_args_cache)
+                     if args.check_engine_args else None),
     ))
     agent.install_signal_handlers()
     if args.exit_with_parent:

@@ -84,7 +84,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import ErrorDetails, from_json
 
 from servetune.artifact_messages import (
@@ -112,6 +122,7 @@ from servetune.errors import ProtocolError
 from servetune.manifest import EngineConfig, TrialManifest
 from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import BackendSpec, Budgets, ModelSpec
+from servetune.vllm_args import AcceptedArgs
 from servetune.wire import MAX_MESSAGE_BYTES
 
 PROTOCOL_VERSION = 6
@@ -142,7 +153,12 @@ class Capabilities(_Msg):
     """What a daemon offers. ``max_concurrency``: batches it runs at once (the coordinator's
     :mod:`coordinator.policy` never grants it more); ``group`` / ``group_max_concurrency``: the
     resource group it shares hardware or an endpoint with, and the limit it declares for it (the
-    tightest declaration wins). ``slots`` is read by nothing (kept so a HELLO that sends it decodes)."""
+    tightest declaration wins). ``slots`` is read by nothing (kept so a HELLO that sends it decodes).
+    ``engine_args``: the long options the daemon's vLLM accepts (:mod:`servetune.vllm_args`), which
+    the coordinator checks a ``vllm`` batch's engine flags against before granting it; None: not
+    known (not asked, or the daemon could not ask), and the check is skipped for this daemon. Added
+    after protocol 6 was first released: it is left out of the JSON while None, so a HELLO of this
+    daemon decodes on a coordinator that predates it (and one that lacks it decodes here)."""
 
     fingerprint: Fingerprint
     slots: int = Field(1, ge=1, le=1024)
@@ -152,6 +168,14 @@ class Capabilities(_Msg):
     backends: list[Label] = Field(default_factory=lambda: ["vllm"], max_length=16)
     out_of_service: LongText | None = Field(None, description="why this daemon asks for no work (its failed "
                                                              "preflight, daemon.preflight); None: in service")
+    engine_args: AcceptedArgs | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unknown_args(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if data.get("engine_args") is None:
+            data.pop("engine_args", None)
+        return data
 
 
 class LeaseRef(_Msg):

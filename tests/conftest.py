@@ -19,6 +19,7 @@ import pytest
 
 from daemon.server import VLLMServer, process_group_alive
 from servetune.keys import HOME_ENV
+from servetune.vllm_args import CHECK_ENGINE_ARGS_ENV
 from tests.fakes.keys import fleet_home
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,8 +64,13 @@ def cli_env(tmp_cache: Path) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def _private_servetune_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the user's ``~/.servetune``: an empty home per test."""
+    """No test reads or writes the user's ``~/.servetune``: an empty home per test.
+
+    With an empty home, every ``daemon start`` would first ask vLLM which engine args it accepts
+    (12-20 s, :mod:`daemon.vllm_args`): the tests' daemons do not, unless a test turns it on
+    (``tests/test_engine_args.py``; the shared real-vLLM sweep, a session fixture, keeps the default)."""
     monkeypatch.setenv(HOME_ENV, str(tmp_path_factory.mktemp("servetune-home")))
+    monkeypatch.setenv(CHECK_ENGINE_ARGS_ENV, "0")
 
 
 def coordinator_cmd(*args: str) -> list[str]:
