@@ -40,7 +40,7 @@ Contract (the protocol rules are in :mod:`servetune.messages`):
   accepts is never granted a ``vllm`` batch whose config needs a flag missing there; the batch stays
   queued for a connected daemon that may run it (one that accepts it, or one that did not say, whose
   configs are not checked: a Notice says so at its HELLO). When no connected daemon may, its trials
-  are closed at once as ``config`` failures (:class:`BeginAttempts`, then an :class:`Accept` per
+  are closed as ``config`` failures when a READY reaches them (:class:`BeginAttempts`, then an :class:`Accept` per
   trial of a result made here, naming the flags and the vLLM version, attributed to the daemon that
   refused it): never started, never re-queued, run again only with ``--retry-failed``.
 - After a coordinator restart, attempts found ``running`` in the store are given back as
@@ -721,13 +721,19 @@ class ControlCore:
             return self.queue.take(d.hardware_class), []
         out: list[Instruction] = []
         chosen: BatchWork | None = None
+        refused: list[tuple[BatchWork, list[str]]] = []
+        # in take()'s order up to the first batch it may run: a READY costs the batches ahead of
+        # that one, not the whole queue (those behind are judged when a READY reaches them)
         for work in self.queue.candidates(d.hardware_class):
             missing = self._missing(d, work)
             if not missing:
-                chosen = chosen or work
-            elif not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):
-                self.queue.remove(work)
-                out += self._refuse(d, accepted, work, missing)
+                chosen = work
+                break
+            if not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):
+                refused.append((work, missing))
+        for work, missing in refused:
+            self.queue.remove(work)
+            out += self._refuse(d, accepted, work, missing)
         if chosen is not None:
             self.queue.remove(chosen)
         return chosen, out

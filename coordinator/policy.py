@@ -77,10 +77,12 @@ class ClassQueues:
                 return q.popleft()
         return None
 
-    def candidates(self, hardware_class: str) -> list[BatchWork]:
+    def candidates(self, hardware_class: str) -> Iterator[BatchWork]:
         """What :meth:`take` would hand a daemon of ``hardware_class``, in that order (its class's
-        queue, then unpinned work); nothing is removed."""
-        return [w for key in (hardware_class, None) for w in self._queues.get(key, ())]
+        queue, then unpinned work), lazily; nothing is removed (do not change the queues while
+        iterating)."""
+        for key in (hardware_class, None):
+            yield from self._queues.get(key, ())
 
     def remove(self, work: BatchWork) -> bool:
         """Take ``work`` (this very batch) out of its queue; False when it is not queued."""

@@ -355,6 +355,24 @@ def ready(c: ControlCore, d: str) -> list[Any]:
     return c.handle(d, Ready(session_nonce=f"{d}-s", seq=1))
 
 
+def run_out(c: ControlCore, d: str, readies: int = 5) -> list[Any]:
+    """Everything the core says to ``d`` over READYs, each grant's trials finished ok before the
+    next READY, until the sweep has finished (a READY refuses the batches queued ahead of the first
+    it may run; those behind it when a later READY reaches them)."""
+    out: list[Any] = []
+    for seq in range(1, readies + 1):
+        said = c.handle(d, Ready(session_nonce=f"{d}-s", seq=seq, answered_seq=seq - 1))
+        out += said
+        for g in grants(said):
+            for t in g.trials:
+                c.handle(d, Result(session_nonce=f"{d}-s", batch_id=g.batch_id, trial_id=t.trial_id, epoch=t.attempt,
+                                   submission_id=f"s-{t.trial_id[:8]}",
+                                   outcome=TrialOutcome(status="ok", started_at_us=1, finished_at_us=2)))
+        if c.finished:
+            break
+    return out
+
+
 def grants(out: list[Any]) -> list[Grant]:
     return [i.msg for i in out if isinstance(i, Send) and isinstance(i.msg, Grant)]
 
@@ -368,6 +386,13 @@ def test_a_config_no_connected_daemon_accepts_is_closed_as_a_config_failure_with
     joined = join(c, "old", WITHOUT_SEQS)
     assert any(isinstance(i, Notice) and "vLLM 0.1.0 accepts 2 long options" in i.text for i in joined)
     out = ready(c, "old")
+    (granted,) = grants(out)  # the config without max_num_seqs runs on it
+    # the batches queued ahead of it are refused on the way; those behind it when a READY reaches them
+    t = granted.trials[0]
+    c.handle("old", Result(session_nonce="old-s", batch_id=granted.batch_id, trial_id=t.trial_id, epoch=t.attempt,
+                           submission_id="s1", outcome=TrialOutcome(status="ok", started_at_us=1, finished_at_us=2)))
+    out += c.handle("old", Ready(session_nonce="old-s", seq=2, answered_seq=1))
+    assert c.finished and not grants(out)[1:]
     accepts = [i for i in out if isinstance(i, Accept)]
     assert len(accepts) == 2 and {a.manifest.engine.args.max_num_seqs for a in accepts} == {2, 4}
     for a in accepts:
@@ -378,7 +403,6 @@ def test_a_config_no_connected_daemon_accepts_is_closed_as_a_config_failure_with
     refused = {a.result.batch_id for a in accepts}
     begins = [i for i in out if isinstance(i, BeginAttempts) and i.batch_id in refused]
     assert len(begins) == 2 and all(out.index(b) < out.index(a) for b, a in zip(begins, accepts)), "opened, then closed"
-    (granted,) = grants(out)  # the config without max_num_seqs runs on it
     assert seqs(granted) is None and granted.config.args.max_model_len == 256
     assert any(isinstance(i, Notice) and "closed as config failures" in i.text for i in out)
 
@@ -422,7 +446,7 @@ def test_only_daemons_of_the_batch_class_count() -> None:
     join(c, "old", WITHOUT_SEQS, hw="cpu-test")
     c.queue.repin(lambda w: BatchWork(w.batch, w.trials, "cpu-test"))  # as after a first grant to that class
     join(c, "elsewhere", EVERYTHING, hw="cpu-other")  # accepts them, but may not take cpu-test's work
-    out = ready(c, "old")
+    out = run_out(c, "old")
     assert {a.manifest.engine.args.max_num_seqs for a in out if isinstance(a, Accept)} == {2, 4}
 
 
