@@ -60,10 +60,19 @@ LEASE_TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
 
 def check_attempt(current: AttemptStatus | str, new: AttemptStatus | str) -> AttemptStatus:
     """``new`` as an :class:`AttemptStatus` if ``current -> new`` is legal, else :class:`StateError`."""
+    legal = _LEGAL_ATTEMPT.get((current, new))  # a str enum hashes as its value: one lookup for both
+    if legal is not None:  # (the store checks every finished attempt; an Enum call costs microseconds)
+        return legal
     cur, nxt = AttemptStatus(current), AttemptStatus(new)
     if nxt not in ATTEMPT_TRANSITIONS[cur]:
         raise StateError(f"attempt cannot go from {cur.value} to {nxt.value}")
     return nxt
+
+
+#: Every legal (current, new) attempt transition -> ``new`` as its enum.
+_LEGAL_ATTEMPT: dict[tuple[str, str], AttemptStatus] = {
+    (cur.value, nxt.value): nxt for cur, nexts in ATTEMPT_TRANSITIONS.items() for nxt in nexts
+}
 
 
 def check_lease(current: LeaseState, new: LeaseState) -> LeaseState:
