@@ -104,6 +104,10 @@ from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
 from servetune.vllm_args import AcceptedArgs, config_flags, missing_flags, refusal_text
 
+#: Daemons of a ``vllm`` sweep that join without saying which engine args their vLLM accepts are
+#: each named in a warning up to this many; later ones at INFO level.
+UNCHECKED_WARNINGS = 3
+
 #: The submission id of a result the core makes for a trial it refused (``servetune.vllm_args``).
 REFUSED_SUBMISSION = "refused-by-coordinator"
 
@@ -299,6 +303,7 @@ class ControlCore:
         self._no_daemon_reported = False
         self._orphan_keys = {o.work.batch_id: o.key_id for o in self.orphans if o.key_id}
         self._needed: dict[str, tuple[str, ...]] = {}  # batch -> the engine flags its config passes
+        self._unchecked_joins = 0  # daemons of a vllm sweep that did not say which engine args they accept
         self.waiting: dict[str, WaitingReady] = {}  # daemon -> its READY waiting for work, oldest first
         #: Admission control, set by the adapter before each pass: how many more GRANTs this pass
         #: may make (None: no limit). A READY that finds work but no budget waits, as one that
@@ -587,9 +592,14 @@ class ControlCore:
         out.append(DaemonJoined(daemon_id, fp.hardware_class, fp.hostname, msg.pid))
         if self.spec.backend.kind == "vllm" and old is None:  # said when it joins, not on every reconnect
             if caps.engine_args is None:
-                out.append(Notice(logging.WARNING, f"daemon {daemon_id} did not say which engine args its vLLM "
-                                                   f"({fp.vllm_version or 'version unknown'}) accepts: configs are not "
-                                                   "checked against it before they run there"))
+                # a warning for the first few; a fleet of hundreds says the rest at INFO (-v), not a wall of them
+                self._unchecked_joins += 1
+                level = logging.WARNING if self._unchecked_joins <= UNCHECKED_WARNINGS else logging.INFO
+                more = (f" ({self._unchecked_joins} such daemons so far; the next at INFO level, -v)"
+                        if self._unchecked_joins == UNCHECKED_WARNINGS else "")
+                out.append(Notice(level, f"daemon {daemon_id} did not say which engine args its vLLM "
+                                         f"({fp.vllm_version or 'version unknown'}) accepts: configs are not "
+                                         f"checked against it before they run there{more}"))
             else:
                 out.append(Notice(logging.INFO, f"daemon {daemon_id}: vLLM {caps.engine_args.vllm_version} accepts "
                                                 f"{len(caps.engine_args.flags)} long options"))

@@ -560,3 +560,14 @@ def test_a_sim_sweep_never_asks_vllm(tmp_path: Path, tiny_cache: Path) -> None:
     log = daemon_log(tmp_path / "runs" / "simargs")
     assert "asking vLLM" not in log and "long options" not in log, log[-2000:]
     assert "accepts" not in proc.stdout
+
+
+def test_a_fleet_of_unchecked_daemons_is_warned_about_a_few_times_not_once_each() -> None:
+    c = core()
+    levels = []
+    for i in range(6):
+        said = join(c, f"q{i}", None)
+        (n,) = [x for x in said if isinstance(x, Notice) and "did not say which engine args" in x.text]
+        assert f"daemon q{i} " in n.text
+        levels.append(n.level)
+    assert levels == [logging.WARNING] * 3 + [logging.INFO] * 3
