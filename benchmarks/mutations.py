@@ -403,8 +403,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "engine-args-refused-despite-a-willing-daemon", "a config waits for a connected daemon whose vLLM accepts it",
         "coordinator/control.py",
-        "            elif not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):\n",
-        "            elif True:\n",
+        "            if not any(self._may_run(e, work) for e in self.daemons.values() if e is not d):\n",
+        "            if True:\n",
         ("tests/test_engine_args.py::test_a_config_waits_for_a_connected_daemon_whose_vllm_accepts_it",
          "tests/test_engine_args.py::test_a_daemon_that_did_not_say_is_not_checked_and_the_sweep_says_so"),
     ),
