@@ -5,9 +5,11 @@ trials (the format of ``tests/data/sim-calibration/*-real.json``: ``runs`` of ``
 ``load_point`` and ``metrics``), simulates each noiselessly (:func:`daemon.sim_backend.expected_trial`)
 and fits the profile's per-step costs that the step-time model (:mod:`servetune.sim.steptime`) adds to
 the roofline: ``step_overhead_s``, ``per_seq_overhead_s``, ``per_token_overhead_s`` (:data:`FITTED`).
-It also fits a candidate (:data:`CANDIDATE`): those plus ``request_overhead_s``, the fixed latency per
-request outside the engine's steps (:mod:`servetune.sim.engine`), reported next to the fit; it did not
-predict better held-out in both directions, so the stored fit leaves it at 0 (RESULTS.md).
+It also fits the candidates of :data:`CANDIDATES`, each those plus one more physical parameter
+(``request_overhead_s``, the fixed latency per request outside the engine's steps,
+:mod:`servetune.sim.engine`; ``flops_efficiency``, the CPU's achieved compute rate), reported next to
+the fit; neither predicted better held-out on every latency metric in both directions, so the stored
+fit leaves them as the profile has them (RESULTS.md).
 
 The fit is :func:`scipy.optimize.least_squares` (robust loss :data:`LOSS`) on the log ratios predicted /
 measured of :data:`FIT_METRICS` (request throughput, p50 TTFT, p50 TPOT) of the ``--train`` runs, over the
@@ -16,7 +18,7 @@ logs of the parameters (each kept in :data:`BOUNDS`), from the best of a coarse 
 engine configs and load points) with the fit and with the profile's defaults, and reports per metric of
 :data:`REPORT_METRICS` (throughput; TTFT and TPOT at p50 and p99) the median absolute % error with a
 95% interval (bootstrap over the test runs' engine configs, :func:`summary`), for the defaults, the
-fit and the candidate. ``--cross`` also fits on
+fit and each candidate. ``--cross`` also fits on
 the test runs and predicts the train runs (two folds, every run held out once).
 
 ``--collect FOLDER --out-runs FILE`` writes the ok real trials of an experiment folder in that format.
@@ -46,18 +48,27 @@ from servetune.sim.profiles import HardwareProfile, get_profile, get_shape
 #: engine core's steps (HTTP, tokenization, detokenization, streaming: the CPU build's API server shares
 #: the 2 cores with the engine core), which adds to TTFT only (see :mod:`servetune.sim.engine`)
 PARAMS: tuple[str, ...] = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "request_overhead_s")
-#: what the stored fit (``--out``) fits: the per-step costs only. Fitting ``request_overhead_s`` too
-#: (:data:`CANDIDATE`) was tried and did not predict the held-out latencies better in both directions
-#: (RESULTS.md, "Sim calibration"), so it stays 0 in the fit; ``--cross`` keeps reporting it
+#: what the stored fit (``--out``) fits: the per-step costs only. Fitting one more parameter too
+#: (:data:`CANDIDATES`) was tried and did not predict the held-out latencies better on every metric in
+#: both directions (RESULTS.md, "Sim calibration"), so the fit leaves them as the profile has them
 FITTED: tuple[str, ...] = PARAMS[:3]
-#: the candidate model ``--cross`` reports next to the fit
-CANDIDATE: tuple[str, ...] = PARAMS
+#: the candidates ``--cross`` reports next to the fit (key in the fit file: the table's column):
+#: ``request_overhead_s`` (see :data:`PARAMS`); ``flops_efficiency``, the fraction of the profile's
+#: guessed peak FLOP/s the CPU build achieves, which sets the step cost that grows with prefill tokens
+#: and with the context every sequence's attention reads (bf16 on a 2-core AVX2 CPU without native bf16
+#: matmuls: the peak is an order-of-magnitude guess, profiles.py)
+CANDIDATES: dict[str, tuple[tuple[str, ...], str]] = {
+    "candidate": (PARAMS, "fit + request overhead"),
+    "candidate_compute": ((*FITTED, "flops_efficiency"), "fit + compute rate"),
+}
 #: seconds: each parameter's search range
 BOUNDS: dict[str, tuple[float, float]] = {"step_overhead_s": (1e-5, 0.5), "per_seq_overhead_s": (1e-7, 0.05),
-                                          "per_token_overhead_s": (1e-7, 0.05), "request_overhead_s": (1e-5, 1.0)}
+                                          "per_token_overhead_s": (1e-7, 0.05), "request_overhead_s": (1e-5, 1.0),
+                                          "flops_efficiency": (1e-3, 1.0)}
 #: seconds: the coarse grid the fit starts from (with the profile's own values)
 START_GRID: dict[str, tuple[float, ...]] = {"step_overhead_s": (1e-3, 1e-2), "per_seq_overhead_s": (1e-4, 1e-3),
-                                            "per_token_overhead_s": (1e-5, 1e-4), "request_overhead_s": (1e-3, 3e-2)}
+                                            "per_token_overhead_s": (1e-5, 1e-4), "request_overhead_s": (1e-3, 3e-2),
+                                            "flops_efficiency": (0.05, 0.5)}
 #: robust loss (scipy's soft_l1) and its scale in log-ratio units: a run whose queue the noisy machine
 #: tipped into saturation (TTFT seconds instead of tens of ms) must not drag every other prediction
 LOSS, F_SCALE = "soft_l1", 0.3
@@ -219,10 +230,10 @@ def summary(rows: Sequence[dict[str, float]], groups: Sequence[str]) -> dict[str
 
 def held_out(train: Sequence[Run], test: Sequence[Run], profile: HardwareProfile, shape: str = "tiny",
              say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fit :data:`FITTED` and :data:`CANDIDATE` on ``train``; the errors of both fits and of the
-    defaults on ``test``."""
+    """Fit :data:`FITTED` and each of :data:`CANDIDATES` on ``train``; the errors of every fit and of
+    the defaults on ``test``."""
     out: dict[str, Any] = {"groups": [r.group for r in test], "defaults": [errors(r, profile, shape) for r in test]}
-    for name, params in (("fitted", FITTED), ("candidate", CANDIDATE)):
+    for name, params in (("fitted", FITTED), *((k, v[0]) for k, v in CANDIDATES.items())):
         say(f"fitting {', '.join(params)} to {len(train)} runs ...")
         theta = fit(train, profile, shape, params=params)
         say("fitted: " + ", ".join(f"{p} {t:.3g}" for p, t in zip(params, theta, strict=True)))
@@ -232,14 +243,15 @@ def held_out(train: Sequence[Run], test: Sequence[Run], profile: HardwareProfile
 
 
 def table(label: str, rows: dict[str, Any]) -> list[str]:
-    """Markdown rows: per metric, defaults vs fit vs candidate fit, median abs % error [95% interval] (bias)."""
-    d, f, c = (summary(rows[k], rows["groups"]) for k in ("defaults", "fitted", "candidate"))
+    """Markdown rows: per metric, defaults vs fit vs each candidate, median abs % error [95% interval] (bias)."""
+    cols = [summary(rows[k], rows["groups"]) for k in ("defaults", "fitted", *CANDIDATES)]
     out = []
-    for m in d:
+    for m in cols[0]:
         def cell(s: dict[str, float]) -> str:
             return f"{s['median_abs_pct']:.1f}% [{s['lo']:.1f}, {s['hi']:.1f}] ({s['median_signed_pct']:+.0f}%)"
-        out.append(f"| {label} | `{m}` | {d[m]['n_runs']} ({d[m]['n_configs']}) | {cell(d[m])} | {cell(f[m])} "
-                   f"| {cell(c[m])} |")
+        d = cols[0][m]
+        out.append(f"| {label} | `{m}` | {d['n_runs']} ({d['n_configs']}) | "
+                   + " | ".join(cell(c[m]) for c in cols) + " |")
     return out
 
 
@@ -277,20 +289,21 @@ def main(argv: list[str] | None = None) -> int:
     theta = (folds["a"]["fitted_theta"] if "a" in folds
              else dict(zip(FITTED, (float(t) for t in fit(train, base, args.model_shape)), strict=True)))
     names = " + ".join(p.name for p in args.train)
-    print("| held out | metric | runs (configs) | defaults: median abs error [95%] (bias) "
-          "| fit: median abs error [95%] (bias) | fit + request overhead: median abs error [95%] (bias) |")
-    print("| --- | --- | ---: | --- | --- | --- |")
+    heads = ["defaults", "fit", *(v[1] for v in CANDIDATES.values())]
+    print("| held out | metric | runs (configs) | "
+          + " | ".join(f"{h}: median abs error [95%] (bias)" for h in heads) + " |")
+    print("| --- | --- | ---: | " + " | ".join("---" for _ in heads) + " |")
     if "a" in folds:
         print("\n".join(table(" + ".join(p.name for p in args.test), folds["a"])))
     if "b" in folds:
         print("\n".join(table(names + " (fit on the other)", folds["b"])))
-        pooled = {k: folds["a"][k] + folds["b"][k] for k in ("defaults", "fitted", "candidate", "groups")}
+        pooled = {k: folds["a"][k] + folds["b"][k] for k in ("defaults", "fitted", *CANDIDATES, "groups")}
         print("\n".join(table("both, each by a fit on the other", pooled)))
     if args.out:
         check = {"test": [p.name for p in args.test],
                  "defaults": summary(folds["a"]["defaults"], folds["a"]["groups"]) if "a" in folds else None,
-                 "fitted": summary(folds["a"]["fitted"], folds["a"]["groups"]) if "a" in folds else None,
-                 "candidate": summary(folds["a"]["candidate"], folds["a"]["groups"]) if "a" in folds else None}
+                 **{k: summary(folds["a"][k], folds["a"]["groups"]) if "a" in folds else None
+                    for k in ("fitted", *CANDIDATES)}}
         text = f"fitted to {len(train)} real runs ({names}) by python -m benchmarks.sim_calibrate"
         if check["fitted"]:
             text += "; median abs error on {} held-out runs: {}".format(
@@ -298,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         doc: dict[str, Any] = {
             "profile": args.profile, "model_shape": args.model_shape, "runs": [p.name for p in args.train],
             "n_runs": len(train), "fitted": theta,
-            "candidate": folds["a"]["candidate_theta"] if "a" in folds else None,
+            **{k: folds["a"][f"{k}_theta"] if "a" in folds else None for k in CANDIDATES},
             "defaults": {p: getattr(base, p) for p in PARAMS}, "fit_metrics": list(FIT_METRICS),
             "held_out": check, "calibration": text}
         args.out.write_text(json.dumps({args.profile: doc}, indent=1) + "\n")
