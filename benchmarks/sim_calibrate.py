@@ -255,6 +255,32 @@ def table(label: str, rows: dict[str, Any]) -> list[str]:
     return out
 
 
+def repeats(runs: Sequence[Run], profiles: Sequence[HardwareProfile], shape: str = "tiny") -> list[str]:
+    """Runs the simulator cannot tell apart (the same noiseless prediction on every one of ``profiles``)
+    and how much they differ in reality: per group, each metric's measured values and their spread;
+    last, the floor: the median abs % error of predicting each run of a group by the group's geometric
+    mean (fitted in sample: about the least any model that predicts them alike can err on them)."""
+    groups: dict[tuple[float, ...], list[Run]] = {}
+    for r in runs:
+        k = tuple(round(v, 6) for p in profiles for v in predict(r, p, shape).values())
+        groups.setdefault(k, []).append(r)
+    lines: list[str] = []
+    errs: dict[str, list[float]] = {}
+    for g in (g for g in groups.values() if len(g) > 1):
+        lines.append("runs: " + "; ".join(
+            f"{r.source} max_num_seqs {r.engine['args'].get('max_num_seqs')} "
+            f"max_num_batched_tokens {r.engine['args'].get('max_num_batched_tokens')} {r.load_point.get('name')}"
+            for r in g))
+        for m in g[0].observed:
+            vals = [r.observed[m] for r in g]
+            gm = math.exp(float(np.mean([math.log(v) for v in vals])))
+            errs.setdefault(m, []).extend(abs(v / gm - 1.0) * 100.0 for v in vals)
+            lines.append(f"  {m}: " + " / ".join(f"{v:.1f}" for v in vals) + f" (x{max(vals) / min(vals):.2f})")
+    for m, e in errs.items():
+        lines.append(f"floor {m}: {float(np.median(e)):.1f}% over {len(e)} runs")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sim_calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("--train", type=Path, nargs="+", default=[DATA / "calibration-real.json"],
@@ -265,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--model-shape", default="tiny")
     ap.add_argument("--out", type=Path, help="calibration file to write (the fit on --train and its check)")
+    ap.add_argument("--repeats", action="store_true",
+                    help="with --cross: also list the runs every fit predicts alike, and how far apart they measured")
     ap.add_argument("--collect", type=Path, metavar="FOLDER", help="write FOLDER's ok real trials as a runs file")
     ap.add_argument("--out-runs", type=Path, help="with --collect: the runs file to write")
     ap.add_argument("--source", default="", help="with --collect: how the runs were made (machine, load, git)")
@@ -299,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table(names + " (fit on the other)", folds["b"])))
         pooled = {k: folds["a"][k] + folds["b"][k] for k in ("defaults", "fitted", *CANDIDATES, "groups")}
         print("\n".join(table("both, each by a fit on the other", pooled)))
+        if args.repeats:
+            thetas = [folds[f][f"{k}_theta"] for f in ("a", "b") for k in ("fitted", *CANDIDATES)]
+            print("\n".join(repeats([*train, *test], [base, *(with_params(base, list(t.values()), list(t))
+                                                              for t in thetas)], args.model_shape)))
     if args.out:
         check = {"test": [p.name for p in args.test],
                  "defaults": summary(folds["a"]["defaults"], folds["a"]["groups"]) if "a" in folds else None,

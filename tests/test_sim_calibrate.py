@@ -134,3 +134,17 @@ def test_the_fit_recovers_a_planted_compute_rate_from_simulated_data() -> None:
     assert np.allclose(theta[:2], planted[:2], rtol=0.1), got
     assert per_token(theta) == pytest.approx(per_token(planted), rel=0.1), got
     assert planted[3] / 1.5 <= got["flops_efficiency"] <= planted[3] * 1.5, got
+
+
+def test_repeats_groups_the_runs_the_simulator_predicts_alike_and_states_their_floor() -> None:
+    """Two runs of one config and load point measured 1 and 4 req/s: one group, each 50% / 100% off
+    the geometric mean 2, floor 75%; a run of another load point stays out of every group."""
+    r = _runs()[0]
+    other = next(x for x in _runs() if x.load_point != r.load_point)
+    runs = [Run(engine=r.engine, load_point=r.load_point, observed={"request_throughput": v}, source=f"s{v}")
+            for v in (1.0, 4.0)] + [Run(engine=other.engine, load_point=other.load_point,
+                                        observed={"request_throughput": 3.0}, source="s3")]
+    lines = calibrate.repeats(runs, [get_profile("cpu-tiny", calibrated=False)])
+    assert [x for x in lines if x.startswith("runs:")] == [lines[0]] and "s3" not in lines[0], lines
+    assert "1.0 / 4.0 (x4.00)" in lines[1], lines
+    assert lines[-1] == "floor request_throughput: 75.0% over 2 runs", lines
