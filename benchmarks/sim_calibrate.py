@@ -4,7 +4,12 @@
 trials (the format of ``tests/data/sim-calibration/*-real.json``: ``runs`` of ``engine``,
 ``load_point`` and ``metrics``), simulates each noiselessly (:func:`daemon.sim_backend.expected_trial`)
 and fits the profile's per-step costs that the step-time model (:mod:`servetune.sim.steptime`) adds to
-the roofline: ``step_overhead_s``, ``per_seq_overhead_s``, ``per_token_overhead_s``.
+the roofline: ``step_overhead_s``, ``per_seq_overhead_s``, ``per_token_overhead_s`` (:data:`FITTED`).
+It also fits the candidates of :data:`CANDIDATES`, each those plus one more physical parameter
+(``request_overhead_s``, the fixed latency per request outside the engine's steps,
+:mod:`servetune.sim.engine`; ``flops_efficiency``, the CPU's achieved compute rate), reported next to
+the fit; neither predicted better held-out on every latency metric in both directions, so the stored
+fit leaves them as the profile has them (RESULTS.md).
 
 The fit is :func:`scipy.optimize.least_squares` (robust loss :data:`LOSS`) on the log ratios predicted /
 measured of :data:`FIT_METRICS` (request throughput, p50 TTFT, p50 TPOT) of the ``--train`` runs, over the
@@ -12,7 +17,8 @@ logs of the parameters (each kept in :data:`BOUNDS`), from the best of a coarse 
 (:data:`START_GRID`) and the defaults. The check predicts the ``--test`` runs (another sweep: other
 engine configs and load points) with the fit and with the profile's defaults, and reports per metric of
 :data:`REPORT_METRICS` (throughput; TTFT and TPOT at p50 and p99) the median absolute % error with a
-95% interval (bootstrap over the test runs' engine configs, :func:`summary`). ``--cross`` also fits on
+95% interval (bootstrap over the test runs' engine configs, :func:`summary`), for the defaults, the
+fit and each candidate. ``--cross`` also fits on
 the test runs and predicts the train runs (two folds, every run held out once).
 
 ``--collect FOLDER --out-runs FILE`` writes the ok real trials of an experiment folder in that format.
@@ -38,13 +44,31 @@ from scipy.optimize import least_squares
 
 from servetune.sim.profiles import HardwareProfile, get_profile, get_shape
 
-PARAMS: tuple[str, ...] = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s")
+#: the engine's per-step costs, and ``request_overhead_s``: the fixed latency per request outside the
+#: engine core's steps (HTTP, tokenization, detokenization, streaming: the CPU build's API server shares
+#: the 2 cores with the engine core), which adds to TTFT only (see :mod:`servetune.sim.engine`)
+PARAMS: tuple[str, ...] = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "request_overhead_s")
+#: what the stored fit (``--out``) fits: the per-step costs only. Fitting one more parameter too
+#: (:data:`CANDIDATES`) was tried and did not predict the held-out latencies better on every metric in
+#: both directions (RESULTS.md, "Sim calibration"), so the fit leaves them as the profile has them
+FITTED: tuple[str, ...] = PARAMS[:3]
+#: the candidates ``--cross`` reports next to the fit (key in the fit file: the table's column):
+#: ``request_overhead_s`` (see :data:`PARAMS`); ``flops_efficiency``, the fraction of the profile's
+#: guessed peak FLOP/s the CPU build achieves, which sets the step cost that grows with prefill tokens
+#: and with the context every sequence's attention reads (bf16 on a 2-core AVX2 CPU without native bf16
+#: matmuls: the peak is an order-of-magnitude guess, profiles.py)
+CANDIDATES: dict[str, tuple[tuple[str, ...], str]] = {
+    "candidate": (PARAMS, "fit + request overhead"),
+    "candidate_compute": ((*FITTED, "flops_efficiency"), "fit + compute rate"),
+}
 #: seconds: each parameter's search range
 BOUNDS: dict[str, tuple[float, float]] = {"step_overhead_s": (1e-5, 0.5), "per_seq_overhead_s": (1e-7, 0.05),
-                                          "per_token_overhead_s": (1e-7, 0.05)}
+                                          "per_token_overhead_s": (1e-7, 0.05), "request_overhead_s": (1e-5, 1.0),
+                                          "flops_efficiency": (1e-3, 1.0)}
 #: seconds: the coarse grid the fit starts from (with the profile's own values)
 START_GRID: dict[str, tuple[float, ...]] = {"step_overhead_s": (1e-3, 1e-2), "per_seq_overhead_s": (1e-4, 1e-3),
-                                            "per_token_overhead_s": (1e-5, 1e-4)}
+                                            "per_token_overhead_s": (1e-5, 1e-4), "request_overhead_s": (1e-3, 3e-2),
+                                            "flops_efficiency": (0.05, 0.5)}
 #: robust loss (scipy's soft_l1) and its scale in log-ratio units: a run whose queue the noisy machine
 #: tipped into saturation (TTFT seconds instead of tens of ms) must not drag every other prediction
 LOSS, F_SCALE = "soft_l1", 0.3
@@ -119,10 +143,10 @@ def collect(folder: Path, source: str) -> dict[str, Any]:
     return {"source": source, "runs": runs}
 
 
-def with_params(profile: HardwareProfile, theta: Sequence[float] | np.ndarray) -> HardwareProfile:
-    """``profile`` with the overheads ``theta`` (seconds, in :data:`PARAMS` order)."""
-    step, seq, token = (float(t) for t in theta)
-    return dataclasses.replace(profile, step_overhead_s=step, per_seq_overhead_s=seq, per_token_overhead_s=token)
+def with_params(profile: HardwareProfile, theta: Sequence[float] | np.ndarray,
+                params: Sequence[str] = PARAMS) -> HardwareProfile:
+    """``profile`` with the overheads ``theta`` (seconds, in ``params`` order; the others as ``profile`` has them)."""
+    return dataclasses.replace(profile, **{p: float(t) for p, t in zip(params, theta, strict=True)})
 
 
 def predict(run: Run, profile: HardwareProfile, shape: str = "tiny") -> dict[str, float]:
@@ -139,9 +163,10 @@ def predict(run: Run, profile: HardwareProfile, shape: str = "tiny") -> dict[str
     return _values(metrics.model_dump())
 
 
-def _residuals(runs: Sequence[Run], profile: HardwareProfile, shape: str) -> Callable[[np.ndarray], np.ndarray]:
+def _residuals(runs: Sequence[Run], profile: HardwareProfile, shape: str,
+               params: Sequence[str] = PARAMS) -> Callable[[np.ndarray], np.ndarray]:
     def f(log_theta: np.ndarray) -> np.ndarray:
-        p = with_params(profile, np.exp(log_theta))
+        p = with_params(profile, np.exp(log_theta), params)
         out = []
         for r in runs:
             pred = predict(r, p, shape)
@@ -151,15 +176,18 @@ def _residuals(runs: Sequence[Run], profile: HardwareProfile, shape: str) -> Cal
 
 
 def fit(runs: Sequence[Run], profile: HardwareProfile, shape: str = "tiny",
-        start: Sequence[float] | None = None) -> np.ndarray:
-    """The overheads (seconds, in :data:`PARAMS` order) that best predict ``runs`` (least squares on log ratios)."""
-    f = _residuals(runs, profile, shape)
-    lo = np.log([BOUNDS[p][0] for p in PARAMS])
-    hi = np.log([BOUNDS[p][1] for p in PARAMS])
+        start: Sequence[float] | None = None, params: Sequence[str] = FITTED) -> np.ndarray:
+    """The overheads (seconds, in ``params`` order) that best predict ``runs`` (least squares on log
+    ratios); the profile's other parameters stay as it has them."""
+    f = _residuals(runs, profile, shape, params)
+    lo = np.log([BOUNDS[p][0] for p in params])
+    hi = np.log([BOUNDS[p][1] for p in params])
     # the scheduler's events make the objective a staircase at small scales: start from the best of
-    # the defaults and a coarse grid, and difference over a few % of each log parameter
-    starts = [np.log(np.asarray(start if start is not None else [getattr(profile, p) for p in PARAMS], dtype=float))]
-    starts += [np.log(np.asarray(g)) for g in itertools.product(*(START_GRID[p] for p in PARAMS))]
+    # the defaults (a parameter the profile leaves at 0 from its lower bound) and a coarse grid, and
+    # difference over a few % of each log parameter
+    first = start if start is not None else [max(getattr(profile, p), BOUNDS[p][0]) for p in params]
+    starts = [np.log(np.asarray(first, dtype=float))]
+    starts += [np.log(np.asarray(g)) for g in itertools.product(*(START_GRID[p] for p in params))]
     x0 = min((np.clip(x, lo + 1e-9, hi - 1e-9) for x in starts), key=lambda x: float(np.sum(f(x) ** 2)))
     res = least_squares(f, x0, bounds=(lo, hi), diff_step=0.03, xtol=1e-8, ftol=1e-8, gtol=1e-8, loss=LOSS,
                         f_scale=F_SCALE)
@@ -202,26 +230,55 @@ def summary(rows: Sequence[dict[str, float]], groups: Sequence[str]) -> dict[str
 
 def held_out(train: Sequence[Run], test: Sequence[Run], profile: HardwareProfile, shape: str = "tiny",
              say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fit on ``train``; the errors of the fit and of the defaults on ``test``."""
-    say(f"fitting {len(train)} runs ...")
-    theta = fit(train, profile, shape)
-    say("fitted: " + ", ".join(f"{p} {t:.3g}" for p, t in zip(PARAMS, theta, strict=True)))
-    say(f"predicting {len(test)} held-out runs ...")
-    defaults = [errors(r, profile, shape) for r in test]
-    fitted = [errors(r, with_params(profile, theta), shape) for r in test]
-    return {"theta": [float(t) for t in theta], "defaults": defaults, "fitted": fitted,
-            "groups": [r.group for r in test]}
+    """Fit :data:`FITTED` and each of :data:`CANDIDATES` on ``train``; the errors of every fit and of
+    the defaults on ``test``."""
+    out: dict[str, Any] = {"groups": [r.group for r in test], "defaults": [errors(r, profile, shape) for r in test]}
+    for name, params in (("fitted", FITTED), *((k, v[0]) for k, v in CANDIDATES.items())):
+        say(f"fitting {', '.join(params)} to {len(train)} runs ...")
+        theta = fit(train, profile, shape, params=params)
+        say("fitted: " + ", ".join(f"{p} {t:.3g}" for p, t in zip(params, theta, strict=True)))
+        out[name] = [errors(r, with_params(profile, theta, params), shape) for r in test]
+        out[f"{name}_theta"] = dict(zip(params, (float(t) for t in theta), strict=True))
+    return out
 
 
 def table(label: str, rows: dict[str, Any]) -> list[str]:
-    """Markdown rows: per metric, defaults vs fit, median abs % error [95% interval] (bias)."""
-    d, f = summary(rows["defaults"], rows["groups"]), summary(rows["fitted"], rows["groups"])
+    """Markdown rows: per metric, defaults vs fit vs each candidate, median abs % error [95% interval] (bias)."""
+    cols = [summary(rows[k], rows["groups"]) for k in ("defaults", "fitted", *CANDIDATES)]
     out = []
-    for m in d:
+    for m in cols[0]:
         def cell(s: dict[str, float]) -> str:
             return f"{s['median_abs_pct']:.1f}% [{s['lo']:.1f}, {s['hi']:.1f}] ({s['median_signed_pct']:+.0f}%)"
-        out.append(f"| {label} | `{m}` | {d[m]['n_runs']} ({d[m]['n_configs']}) | {cell(d[m])} | {cell(f[m])} |")
+        d = cols[0][m]
+        out.append(f"| {label} | `{m}` | {d['n_runs']} ({d['n_configs']}) | "
+                   + " | ".join(cell(c[m]) for c in cols) + " |")
     return out
+
+
+def repeats(runs: Sequence[Run], profiles: Sequence[HardwareProfile], shape: str = "tiny") -> list[str]:
+    """Runs the simulator cannot tell apart (the same noiseless prediction on every one of ``profiles``)
+    and how much they differ in reality: per group, each metric's measured values and their spread;
+    last, the floor: the median abs % error of predicting each run of a group by the group's geometric
+    mean (fitted in sample: about the least any model that predicts them alike can err on them)."""
+    groups: dict[tuple[float, ...], list[Run]] = {}
+    for r in runs:
+        k = tuple(round(v, 6) for p in profiles for v in predict(r, p, shape).values())
+        groups.setdefault(k, []).append(r)
+    lines: list[str] = []
+    errs: dict[str, list[float]] = {}
+    for g in (g for g in groups.values() if len(g) > 1):
+        lines.append("runs: " + "; ".join(
+            f"{r.source} max_num_seqs {r.engine['args'].get('max_num_seqs')} "
+            f"max_num_batched_tokens {r.engine['args'].get('max_num_batched_tokens')} {r.load_point.get('name')}"
+            for r in g))
+        for m in g[0].observed:
+            vals = [r.observed[m] for r in g]
+            gm = math.exp(float(np.mean([math.log(v) for v in vals])))
+            errs.setdefault(m, []).extend(abs(v / gm - 1.0) * 100.0 for v in vals)
+            lines.append(f"  {m}: " + " / ".join(f"{v:.1f}" for v in vals) + f" (x{max(vals) / min(vals):.2f})")
+    for m, e in errs.items():
+        lines.append(f"floor {m}: {float(np.median(e)):.1f}% over {len(e)} runs")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--model-shape", default="tiny")
     ap.add_argument("--out", type=Path, help="calibration file to write (the fit on --train and its check)")
+    ap.add_argument("--repeats", action="store_true",
+                    help="with --cross: also list the runs every fit predicts alike, and how far apart they measured")
     ap.add_argument("--collect", type=Path, metavar="FOLDER", help="write FOLDER's ok real trials as a runs file")
     ap.add_argument("--out-runs", type=Path, help="with --collect: the runs file to write")
     ap.add_argument("--source", default="", help="with --collect: how the runs were made (machine, load, git)")
@@ -255,27 +314,36 @@ def main(argv: list[str] | None = None) -> int:
         folds["a"] = held_out(train, test, base, args.model_shape)
     if args.cross and test:
         folds["b"] = held_out(test, train, base, args.model_shape)
-    theta = folds["a"]["theta"] if "a" in folds else [float(t) for t in fit(train, base, args.model_shape)]
+    theta = (folds["a"]["fitted_theta"] if "a" in folds
+             else dict(zip(FITTED, (float(t) for t in fit(train, base, args.model_shape)), strict=True)))
     names = " + ".join(p.name for p in args.train)
-    print("| held out | metric | runs (configs) | defaults: median abs error [95%] (bias) | fit: median abs error [95%] (bias) |")
-    print("| --- | --- | ---: | --- | --- |")
+    heads = ["defaults", "fit", *(v[1] for v in CANDIDATES.values())]
+    print("| held out | metric | runs (configs) | "
+          + " | ".join(f"{h}: median abs error [95%] (bias)" for h in heads) + " |")
+    print("| --- | --- | ---: | " + " | ".join("---" for _ in heads) + " |")
     if "a" in folds:
         print("\n".join(table(" + ".join(p.name for p in args.test), folds["a"])))
     if "b" in folds:
         print("\n".join(table(names + " (fit on the other)", folds["b"])))
-        pooled = {k: folds["a"][k] + folds["b"][k] for k in ("defaults", "fitted", "groups")}
+        pooled = {k: folds["a"][k] + folds["b"][k] for k in ("defaults", "fitted", *CANDIDATES, "groups")}
         print("\n".join(table("both, each by a fit on the other", pooled)))
+        if args.repeats:
+            thetas = [folds[f][f"{k}_theta"] for f in ("a", "b") for k in ("fitted", *CANDIDATES)]
+            print("\n".join(repeats([*train, *test], [base, *(with_params(base, list(t.values()), list(t))
+                                                              for t in thetas)], args.model_shape)))
     if args.out:
         check = {"test": [p.name for p in args.test],
                  "defaults": summary(folds["a"]["defaults"], folds["a"]["groups"]) if "a" in folds else None,
-                 "fitted": summary(folds["a"]["fitted"], folds["a"]["groups"]) if "a" in folds else None}
+                 **{k: summary(folds["a"][k], folds["a"]["groups"]) if "a" in folds else None
+                    for k in ("fitted", *CANDIDATES)}}
         text = f"fitted to {len(train)} real runs ({names}) by python -m benchmarks.sim_calibrate"
         if check["fitted"]:
             text += "; median abs error on {} held-out runs: {}".format(
                 len(test), ", ".join(f"{m} {s['median_abs_pct']:.0f}%" for m, s in check["fitted"].items()))
         doc: dict[str, Any] = {
             "profile": args.profile, "model_shape": args.model_shape, "runs": [p.name for p in args.train],
-            "n_runs": len(train), "fitted": dict(zip(PARAMS, theta, strict=True)),
+            "n_runs": len(train), "fitted": theta,
+            **{k: folds["a"][f"{k}_theta"] if "a" in folds else None for k in CANDIDATES},
             "defaults": {p: getattr(base, p) for p in PARAMS}, "fit_metrics": list(FIT_METRICS),
             "held_out": check, "calibration": text}
         args.out.write_text(json.dumps({args.profile: doc}, indent=1) + "\n")

@@ -36,7 +36,10 @@ The model, step by step:
   and ``e_s`` independent per step, lognormal with sigma :attr:`NoiseModel.step_sigma`; both have
   mean 1 (log-mean ``-sigma^2 / 2``), so the noiseless run (``noise=None``) is the noise's expected
   step time. The client is ideal: a request is sent exactly when its arrival (or free concurrency
-  slot) allows, and a token arrives at the end of the step that made it.
+  slot) allows, and a token reaches it at the end of the step that made it plus the profile's
+  ``request_overhead_s`` (the API server's fixed per-request work outside the engine core's steps:
+  HTTP, tokenization, detokenization, streaming; 0 unless a profile or calibration sets it), so it
+  adds once to TTFT and end-to-end latency, not to TPOT, and a concurrency slot frees that much later.
 
 Requests whose prompt plus output exceed ``max_model_len`` are refused at once, as vLLM answers
 HTTP 400. Pure: no I/O, no clock, no sockets; deterministic under the seed.
@@ -188,15 +191,19 @@ class SimRun:
     #: apart (``t`` in seconds), as a /metrics scrape would read them; a run of decode steps summed in
     #: closed form has none inside it
     series: list[dict[str, float]] = field(default_factory=list)
+    #: the profile's ``request_overhead_s``: how long after the step that made it a token reaches the client
+    client_latency_s: float = 0.0
 
     def token_times(self, i: int) -> list[float]:
-        """End times of the steps that streamed request ``i``'s tokens, in order."""
+        """When request ``i``'s tokens reached the client, in order: the end of the step that made
+        each, plus :attr:`client_latency_s`."""
         out: list[float] = []
         for t_first, d0, n in self.segments[i]:
             out.append(t_first)
             if n:
                 out.extend(self.decode_end_t[d0:d0 + n].tolist())
-        return out
+        d = self.client_latency_s
+        return [t + d for t in out] if d else out
 
 
 class _Noise:
@@ -300,7 +307,9 @@ class _Engine:
         self.noise = _Noise(noise)
         self.bs = self.cfg.block_size
         self.free = server.num_blocks
-        self.out = SimRun()
+        self.out = SimRun(client_latency_s=server.profile.request_overhead_s)
+        #: seconds from a step's end to the client seeing its token (see :attr:`SimRun.client_latency_s`)
+        self.lat = server.profile.request_overhead_s
         self.t = 0.0
         self.s = 0  # global step index
         self.D = 0  # decode steps so far
@@ -342,15 +351,25 @@ class _Engine:
         """Send every request whose time came, as the load generator's sender does: the next arrival
         goes at its arrival time, or, under a concurrency cap, at ``max(arrival, when the oldest
         free slot freed)``; with no slot free it is held until one frees (slots free at step ends)."""
-        cap = self.load.max_concurrency
-        while self.sends_open and self.next_arrival is not None and self.next_arrival <= self.t:
-            at = self.next_arrival
-            if cap is not None:
-                if not self.slots:
-                    return
-                at = max(at, self.slots.popleft())
+        while True:
+            at = self._ready_time()
+            if at is None or at > self.t:
+                return
+            if self.load.max_concurrency is not None:
+                self.slots.popleft()
             self._pull_arrival()
             self._send_next(at)
+
+    def _ready_time(self) -> float | None:
+        """When the client may send its next request (None: not before a slot frees, or never):
+        its arrival, or under a concurrency cap ``max(arrival, when the oldest free slot freed)``
+        (a slot frees when the client has seen the request's last token, ``request_overhead_s``
+        after the step that made it)."""
+        if not self.sends_open or self.next_arrival is None:
+            return None
+        if self.load.max_concurrency is None:
+            return self.next_arrival
+        return max(self.next_arrival, self.slots[0]) if self.slots else None
 
     def _send_next(self, at: float) -> None:
         until = self.load.send_until_s
@@ -384,9 +403,8 @@ class _Engine:
 
     def _next_client_time(self) -> float | None:
         """When the client sends next with the server idle (None: never)."""
-        if not self.sends_open or self.next_arrival is None:
-            return None
-        return max(self.t, self.next_arrival)
+        at = self._ready_time()
+        return None if at is None else max(self.t, at)
 
     # ------------------------------------------------------------------ blocks and the prefix cache
 
@@ -530,9 +548,7 @@ class _Engine:
         """When the client may send a request the running batch would take in (None: not before a finish)."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        if self.load.max_concurrency is not None and not self.slots:
-            return None
-        return self.next_arrival
+        return self._ready_time()
 
     def _steps_until(self, span: float, kmax: int, line: DecodeLine) -> int:
         """Smallest k in [1, kmax] whose steps end at or after ``span`` seconds."""
@@ -599,14 +615,14 @@ class _Engine:
         del self.running[q.i]
         self.prefilling.pop(q.i, None)
         o = self.out
-        o.end_t[q.i] = self.t
+        o.end_t[q.i] = self.t + self.lat
         o.generated[q.i] = q.generated
         self.c["request_success_total"] += 1
         self.c["generation_tokens_total"] += q.generated
         self.c["prompt_tokens_total"] += q.prompt
         self.inflight -= 1
         if self.load.max_concurrency is not None:
-            self.slots.append(self.t)
+            self.slots.append(self.t + self.lat)
 
     def _one_step(self) -> None:
         """One scheduled step, sequence by sequence (mixed prefill and decode, or a preemption)."""

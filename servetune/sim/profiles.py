@@ -52,6 +52,13 @@ class HardwareProfile:
     step_overhead_s: float = 1.0e-3
     per_seq_overhead_s: float = 10e-6
     per_token_overhead_s: float = 0.0
+    #: fixed latency every request sees outside the engine core's steps: the API server's HTTP
+    #: parsing, tokenization, detokenization and the streamed chunk's way back to the client (on the
+    #: CPU build the API server shares the cores with the engine core, so this is not negligible).
+    #: It adds to TTFT and end-to-end latency, not to TPOT (it is paid once, before the first token
+    #: reaches the client), and under a concurrency cap it delays the next send by as much. 0 on the
+    #: GPU profiles (uncalibrated: small next to their step times, and nothing here measures it)
+    request_overhead_s: float = 0.0
     #: extra cost per step without CUDA graphs (``enforce_eager``)
     eager_overhead_s: float = 3.0e-3
     #: one all-reduce's latency over the interconnect
@@ -197,7 +204,8 @@ def _calibrated(profile: HardwareProfile) -> HardwareProfile:
     return dataclasses.replace(profile, calibration=str(doc["calibration"]),
                                step_overhead_s=float(fitted["step_overhead_s"]),
                                per_seq_overhead_s=float(fitted["per_seq_overhead_s"]),
-                               per_token_overhead_s=float(fitted["per_token_overhead_s"]))
+                               per_token_overhead_s=float(fitted["per_token_overhead_s"]),
+                               request_overhead_s=float(fitted.get("request_overhead_s", profile.request_overhead_s)))
 
 
 def get_profile(name: str, calibrated: bool = True) -> HardwareProfile:
