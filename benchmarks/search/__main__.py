@@ -37,7 +37,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             b = s["budget"]
             pct = "censored" if math.isinf(s["median"]) else f"{s['median_pct']:.1f}%"
             gpu = f">{s['gpu_s_spent_median']:.0f}" if math.isinf(s["gpu_s_median"]) else f"{s['gpu_s_median']:.0f}"
-            lines.append(f"| {head} | {name} | {_fmt(s['median'], b)} [{_fmt(s['lo'], b)}, {_fmt(s['hi'], b)}] | "
+            ci = "[too few seeds for a 95% interval]" if s["lo"] == -math.inf else f"[{_fmt(s['lo'], b)}, {_fmt(s['hi'], b)}]"
+            lines.append(f"| {head} | {name} | {_fmt(s['median'], b)} {ci} | "
                          f"{pct} | {s['censored']}/{s['n']} | {gpu} |")
             head = ""
     return "\n".join(lines)
