@@ -1,0 +1,1 @@
+"""Planner benchmark on simulated response surfaces (``python -m benchmarks.search``). SIMULATED."""
