@@ -76,6 +76,8 @@ def test_batch_work_id_is_computed_once_and_matches_a_fresh_one(monkeypatch: pyt
     calls = []
     monkeypatch.setattr("servetune.manifest.sha256_json", lambda data: calls.append(data) or "x" * 64)
     assert work.batch_id == first and calls == []  # cached: no second hash
-    again = dataclasses.replace(work, hardware_class="H100")  # a new instance computes its own
-    assert again.batch_id == "b0001-xxxxxxxx" and len(calls) == 1
+    again = dataclasses.replace(work, hardware_class="H100")  # a new instance: its batch's config id is cached
+    assert again.batch_id == first and calls == []
     assert again == dataclasses.replace(work, hardware_class="H100")  # equality still by fields only
+    fresh = BatchWork(dataclasses.replace(batch), batch.trials)  # a new batch computes its own, once
+    assert fresh.batch_id == "b0001-xxxxxxxx" and fresh.batch_id == "b0001-xxxxxxxx" and len(calls) == 1
