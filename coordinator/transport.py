@@ -24,7 +24,7 @@ from coordinator.zap import KeyGate, ZapHandler
 from servetune.errors import ProtocolError, ServetuneError
 from servetune.keys import KeyPair, key_id
 from servetune.messages import ID_MAX_CHARS, Message, OutOfBoundsResult, decode, encode, valid_id
-from servetune.wire import configure_router
+from servetune.wire import batch_io_threads, configure_router
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class RouterEndpoint:
         self._zap = ZapHandler(self._ctx, gate, self._sock)
         try:
             self._zap.start()
+            batch_io_threads()  # no wakeup preemption of the loop by its own sends (servetune.wire)
             if bind.endswith(":0"):
                 base = bind.rsplit(":", 1)[0]
                 port = self._sock.bind_to_random_port(base)

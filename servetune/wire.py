@@ -80,3 +80,44 @@ def configure_dealer(sock: Any, identity: str, zmq: Any, *, public_key: str, sec
     sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode("ascii"))
     sock.setsockopt(zmq.CURVE_PUBLICKEY, public_key.encode("ascii"))
     sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key.encode("ascii"))
+
+
+#: The name libzmq gives its I/O threads (``ZMQbg/IO/0``, ``ZMQbg/IO/1``, ...; Linux ``comm``).
+IO_THREAD_PREFIX = "ZMQbg/IO/"
+
+
+def batch_io_threads(task_dir: str = "/proc/self/task") -> list[int]:
+    """Put this process's libzmq I/O threads under ``SCHED_BATCH`` (Linux); returns their thread ids.
+
+    Each send on a socket wakes the context's I/O thread (it encrypts the frame for CURVE and writes
+    it to the connection). Under the default policy a woken thread preempts the running one, so
+    where the coordinator's loop and its I/O thread share one core (a coordinator host with one
+    core free, or the fleet benchmark, which pins the coordinator to one core), every ACK and GRANT
+    it sends costs two context switches. ``SCHED_BATCH`` keeps the I/O thread's fair share of the CPU
+    but no wakeup preemption: the loop goes on handling its pass, and the I/O thread writes the
+    queued frames together when the loop blocks (``poll``, a COMMIT's fsync) or its time slice
+    ends, a few milliseconds at most, where leases and heartbeats are counted in seconds. With a
+    free core the thread runs there at once, as before. Measured in ``benchmarks/RESULTS.md``
+    ("Coordinator hot path, round 3"). Nothing is changed (and ``[]`` returned) where the policy or
+    ``/proc`` is not available; a thread that ends meanwhile is skipped."""
+    import os
+
+    setter = getattr(os, "sched_setscheduler", None)
+    policy = getattr(os, "SCHED_BATCH", None)
+    if setter is None or policy is None:
+        return []
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return []
+    done: list[int] = []
+    for tid in tids:
+        try:
+            with open(os.path.join(task_dir, tid, "comm"), encoding="utf-8", errors="replace") as fh:
+                name = fh.read().strip()
+            if name.startswith(IO_THREAD_PREFIX):
+                setter(int(tid), policy, os.sched_param(0))
+                done.append(int(tid))
+        except (OSError, ValueError):
+            continue
+    return done

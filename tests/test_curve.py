@@ -37,7 +37,7 @@ from servetune.keys import (
 )
 from servetune.messages import Ack, Capabilities, Hello, Ready, Result, Welcome, decode, encode
 from servetune.result import Fingerprint, RequestSample, TrialOutcome
-from servetune.wire import configure_router
+from servetune.wire import IO_THREAD_PREFIX, batch_io_threads, configure_router
 from tests.fakes.keys import fleet_home, new_pair
 from tests.fleet_harness import Fleet, check_invariants, wait_for
 from tests.test_fleet_faults import endpoint  # noqa: F401 (the fake endpoint fixture, module scope)
@@ -125,6 +125,37 @@ def test_an_admitted_key_is_heard_under_its_key(router: RouterEndpoint, home: Pa
         assert sum(router.gate.counts.values()) == 0
     finally:
         c.close()
+
+
+def _io_threads() -> dict[int, int]:
+    """This process's libzmq I/O threads: thread id -> scheduling policy."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as fh:
+                if fh.read().startswith(IO_THREAD_PREFIX):
+                    out[int(tid)] = os.sched_getscheduler(int(tid))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH and /proc/self/task are Linux's")
+def test_the_routers_io_thread_does_not_preempt_the_loop(router: RouterEndpoint) -> None:
+    """The coordinator's sends wake its I/O thread without preempting its loop (servetune.wire)."""
+    threads = _io_threads()
+    assert threads, "no libzmq I/O thread found"
+    assert set(threads.values()) == {os.SCHED_BATCH}, threads
+    ctx = zmq.Context()  # a context of its own: its I/O thread starts under the default policy
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        fresh = set(_io_threads()) - set(threads)
+        assert fresh and {_io_threads()[t] for t in fresh} == {os.SCHED_OTHER}
+        assert fresh <= set(batch_io_threads())
+        assert {_io_threads()[t] for t in fresh} == {os.SCHED_BATCH}
+    finally:
+        sock.close(linger=0)
+        ctx.term()
 
 
 def test_a_plaintext_client_reaches_the_coordinator_and_is_refused(
