@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator.store import Store
-from servetune.manifest import Plan, swept_names
+from servetune.manifest import Plan, sweep_parent, swept_names
 from servetune.ranking import RankedConfig, TrialSummary, rank
 from servetune.sim.profiles import DEFAULT_SIM_PROFILE
 from servetune.simulated import simulated_label
@@ -132,7 +132,11 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
     sim = simulated_label([f"sim-1x{spec.backend.profile or DEFAULT_SIM_PROFILE}"]) if spec.backend.kind == "sim" else ""
     if sim:
         console.print(f"{sim}: every figure below is the simulated vLLM's, nothing was measured", markup=False)
+    searched = {lp.name for lp in spec.load_points if lp.sla_search is not None}
+    probes = [lp for lp in ranked if sweep_parent(lp) in searched]
     for lp, rows in ranked.items():
+        if lp in probes:
+            continue  # an SLA search's rates: the SLA search table sums them up (coordinator.sla_search)
         table = Table(title=escape(f"{sim + ' ' if sim else ''}load point {lp}: ranked by {policy.objective}{gate} "
                                    f"(SLOs: {slo_text})"))
         for col, justify in [
@@ -160,6 +164,9 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
                 status,
             )
         console.print(table)
+    if probes:
+        console.print(f"{len(probes)} SLA-search rate(s) ranked in the dataset, not shown here: the SLA search "
+                      "table below sums them up")
     console.print("latencies in ms; throughput per second; medians over repeats")
     if dataset_path is not None:
         console.print(f"results: {dataset_path}  (load with: analysis.load({spec.name!r}))")

@@ -61,6 +61,7 @@ from coordinator.planning import needs_run, plan_experiment, planner_class
 from coordinator.progress import SweepProgress
 from coordinator.retries import RetryEvent, RetryLog
 from coordinator.schedule import ScheduleBook
+from coordinator.sla_search import expand_sla_searches, print_sla
 from coordinator.store import Store
 from coordinator.summary import output_console, print_plan, print_pruned, print_ranking, spec_changes
 from coordinator.targets import prior_bindings
@@ -371,6 +372,7 @@ class SweepRunner:
                                "from their raw samples")
         work, skipped = select_work(self.plan, store, self.opts.retry_failed)
         followups = expand_rate_sweeps(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed)
+        followups += expand_sla_searches(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed)
         self._note_labels(followups)
         work += followups
         orphans, work, unmatched = orphans_from(running, work)
@@ -397,6 +399,7 @@ class SweepRunner:
                 if lacking:  # their artifacts may still be spooled on a daemon's node
                     self._collect_leftover_artifacts(endpoint, store, len(lacking))
             print_ranking(store, self.spec, output_console(), dataset_path)
+            print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         wall = self.plan.wall_estimate_seconds(self.spec.backend.kind)
@@ -449,6 +452,7 @@ class SweepRunner:
             schedule.finished(status, self.core.breaker)
         dataset_path = self._rewrite_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
+        print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed)
         holes = self._holes(store)
         if holes:
             self._print_holes(holes)
@@ -951,6 +955,14 @@ class SweepRunner:
                     progress.add_total(len(work.trials))
                     rates = ", ".join(m.load_point.name.rsplit(DERIVED_MARK, 1)[1] for m in work.trials)
                     progress.phase(f"rate sweep: queued {len(work.trials)} follow-up rate(s): {rates}")
+        if DERIVED_MARK in manifest.load_point.name and (status == "ok" or kind != "transport"):
+            for work in expand_sla_searches(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed,
+                                            only={msg.trial_id}):
+                self._note_labels([work])
+                if core.add(work):
+                    progress.add_total(len(work.trials))
+                    rates = ", ".join(m.load_point.name.rsplit(DERIVED_MARK, 1)[1] for m in work.trials)
+                    progress.phase(f"SLA search: queued round {work.batch.index // 1_000_000 + 1}: {rates}")
         if self.adaptive is not None and not manifest.is_baseline and not core.stopping:
             self._ask_planner(store, core, progress)
         label = self._labels.get(msg.trial_id, msg.trial_id[:12])

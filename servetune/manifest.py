@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from servetune.canonical import drop_added_defaults, sha256_json
 from servetune.memfit import memory_pruner
+from servetune.sla import first_rates
 from servetune.spec import (
     DERIVED_MARK,
     MAX_MODEL_CONFIG_BYTES,
@@ -40,7 +41,7 @@ MANIFEST_VERSION = 1
 #: without an entry here changes every trial id (``tests/test_compat.py`` resumes folders recorded
 #: by the protocol-1 code and fails if anything would run again). A field of a spec model also
 #: needs its entry in :data:`servetune.spec.ADDED_SPEC_FIELDS`.
-ADDED_MANIFEST_FIELDS: dict[str, object] = {"hardware_target": None, "tags": []}
+ADDED_MANIFEST_FIELDS: dict[str, object] = {"hardware_target": None, "tags": [], "load_point.sla_search": None}
 
 #: The tag a trial moved to another hardware class carries (``failover-from:<class or daemon>``):
 #: it has its own trial id, and no analysis may take it for the trial it stands in for.
@@ -332,6 +333,21 @@ def rate_sweep_next(lp: LoadPoint, sync_rps: float, max_rps: float) -> list[Load
     return rate_sweep_followups(lp, rate_sweep_rates(sync_rps, max_rps, lp.rate_sweep.num_rates))
 
 
+def sla_points(lp: LoadPoint, rates: Sequence[float]) -> list[LoadPoint]:
+    """An SLA search's load points at ``rates`` (``<name>@<rate>rps``, open loop, the search's arrival
+    process): ordinary fixed-rate load points, each a trial of its own."""
+    assert lp.sla_search is not None
+    base = lp.model_dump(exclude={"name", "sla_search", "request_rate", "max_concurrency"})
+    return [LoadPoint(**base, name=f"{lp.name}{DERIVED_MARK}{rate:g}rps", request_rate=rate) for rate in rates]
+
+
+def sla_first_round(lp: LoadPoint) -> list[LoadPoint]:
+    """The rates an SLA search plans before any result (:func:`servetune.sla.first_rates`)."""
+    s = lp.sla_search
+    assert s is not None
+    return sla_points(lp, first_rates(s.min_rps, s.max_rps, s.rates_per_round))
+
+
 def sweep_parent(name: str) -> str | None:
     """The spec load point a derived (rate-sweep) load point name comes from, else None."""
     return name.split(DERIVED_MARK, 1)[0] if DERIVED_MARK in name else None
@@ -379,7 +395,7 @@ def plan_configs(
     def make_batch(config: EngineConfig, load_points: list[LoadPoint], repeats: Sequence[int],
                    baseline_run: int | None) -> PlannedBatch:
         lps = [(seed, r) for r in repeats for lp in load_points
-               for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else [lp])]
+               for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else sla_first_round(lp) if lp.sla_search else [lp])]
         if spec.planner.randomize:
             rng.shuffle(lps)
         trials = tuple(
@@ -450,11 +466,23 @@ def plan_configs(
         design=design,
         randomized=spec.planner.randomize,
         seed=spec.planner.seed,
-        notes=tuple(notes),
+        notes=tuple(notes) + tuple(_sla_notes(spec)),
         followup_rates={lp.name: lp.rate_sweep.num_rates for lp in spec.load_points if lp.rate_sweep},
         pruned=tuple(pruned),
         prune_notes=prune_notes,
     )
+
+
+def _sla_notes(spec: ExperimentSpec) -> list[str]:
+    out = []
+    for lp in spec.load_points:
+        if lp.sla_search is not None:
+            s = lp.sla_search
+            n0 = len(first_rates(s.min_rps, s.max_rps, s.rates_per_round))
+            out.append(f"SLA search {lp.name!r}: {n0} rate(s) planned per engine config; up to {s.max_rounds - 1} "
+                       f"more round(s) of up to {s.rates_per_round} rate(s), one server start each, are decided "
+                       "as results arrive (not in this estimate)")
+    return out
 
 
 def _fmt_duration(seconds: float) -> str:

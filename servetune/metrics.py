@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.result import LoopLag, RequestSample
+from servetune.sla import quantile_ci_ranks
 from servetune.spec import SLO
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
@@ -69,6 +70,10 @@ class SLOResult(BaseModel):
     max_ms: float
     value_ms: float | None
     met: bool
+    ci_low_ms: float | None = Field(None, description="95% distribution-free interval on the percentile (order "
+                                    "statistics, binomial ranks; requests as independent draws): low end; None: "
+                                    "too few requests to bound it, or recorded before the interval existed")
+    ci_high_ms: float | None = Field(None, description="its high end (None: too few requests, e.g. p99 under 368)")
 
 
 class TrialMetrics(BaseModel):
@@ -211,16 +216,7 @@ def summary_dict(
     out_tokens = sum(s.output_tokens or 0 for s in ok)
     in_tokens = sum(s.prompt_tokens or 0 for s in ok)
     good = sum(1 for lat in lats if meets_slos(lat, slos)) if slos else None
-    slo_results = [  # SLOResult's fields, as model_dump(mode="json")
-        {
-            "metric": slo.metric,
-            "percentile": float(slo.percentile),
-            "max_ms": float(slo.max_ms),
-            "value_ms": _float_or_none(_finite(quantile(series[slo.metric], slo.percentile / 100.0))),
-            "met": bool(series[slo.metric]) and quantile(series[slo.metric], slo.percentile / 100.0) <= slo.max_ms,
-        }
-        for slo in slos
-    ]
+    slo_results = [_slo_result(slo, series[slo.metric]) for slo in slos]
     sends = sorted(s.send_ns for s in sent)
     achieved = _rate(sends)
     scheduled = _rate(sorted(s.scheduled_ns for s in sent)) if offered_rate is not None and not concurrency_capped else None
@@ -268,6 +264,23 @@ def summary_dict(
         "loop_lag_p99_ms": float(loop_lag.p99_ms) if loop_lag is not None else None,
         "loop_lag_max_ms": float(loop_lag.max_ms) if loop_lag is not None else None,
         "client_fell_behind": fell_behind,
+    }
+
+
+def _slo_result(slo: SLO, values: Sequence[float]) -> dict[str, Any]:
+    """One SLO's :class:`SLOResult` fields, as ``model_dump(mode="json")``."""
+    xs = sorted(values)
+    q = slo.percentile / 100.0
+    value = quantiles_of(xs, (q,))[0] if xs else math.nan
+    lo, hi = quantile_ci_ranks(len(xs), q)
+    return {
+        "metric": slo.metric,
+        "percentile": float(slo.percentile),
+        "max_ms": float(slo.max_ms),
+        "value_ms": _float_or_none(_finite(value)),
+        "met": bool(xs) and value <= slo.max_ms,
+        "ci_low_ms": _finite(xs[lo - 1]) if lo is not None else None,
+        "ci_high_ms": _finite(xs[hi - 1]) if hi is not None else None,
     }
 
 

@@ -436,6 +436,35 @@ class RateSweep(StrictModel):
     max_concurrency: int = Field(256, ge=1, le=100_000, description="the @max load point's cap on requests in flight")
 
 
+def requests_to_confirm(percentile: float) -> int:
+    """The fewest requests whose latencies can put the upper end of a 95% interval on the
+    ``percentile`` (in (0, 100]) below the maximum: ``q^n <= 2.5%`` (:func:`servetune.sla.quantile_ci_ranks`)."""
+    q = percentile / 100.0
+    if q >= 1.0:
+        return 10**9  # p100 is never bounded by a sample
+    return max(1, math.ceil(math.log(0.025) / math.log(q)))
+
+
+class SlaSearch(StrictModel):
+    """Find the highest request rate meeting the spec's SLOs for each engine config (``servetune.sla``):
+    a first round of ``rates_per_round`` rates from ``min_rps`` to ``max_rps`` (evenly in log), then
+    rounds that bracket (doubling above, halving below) and bisect the boundary, until the interval
+    on it is within ``rel_tol`` or the request count cannot narrow it. Each rate is a trial
+    (``<name>@<rate>rps``, open loop); each round is one more server start, its rates in one batch."""
+
+    min_rps: float = Field(gt=0, le=1_000_000, description="the first round's lowest rate")
+    max_rps: float = Field(gt=0, le=1_000_000, description="the first round's highest rate")
+    rates_per_round: int = Field(3, ge=1, le=16, description="rates per server start (the first round: at least 2)")
+    rel_tol: float = Field(0.05, gt=0, le=1, description="stop when (hi - lo) / lo is at most this")
+    max_rounds: int = Field(6, ge=1, le=30, description="rounds (server starts) per engine config, the first included")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SlaSearch:
+        if self.max_rps < self.min_rps:
+            raise ValueError(f"max_rps ({self.max_rps:g}) is below min_rps ({self.min_rps:g})")
+        return self
+
+
 class LoadPoint(StrictModel):
     """What varies against one running server: arrival, request count or duration, lengths, dataset."""
 
@@ -453,20 +482,27 @@ class LoadPoint(StrictModel):
     warmup_requests: int = Field(0, ge=0, le=100_000)
     stop: StopConditions = Field(default_factory=StopConditions)
     rate_sweep: RateSweep | None = None
+    sla_search: SlaSearch | None = None
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _complete(self) -> LoadPoint:
+        if self.rate_sweep is not None and self.sla_search is not None:
+            raise ValueError("give a rate_sweep or an sla_search, not both")
         if self.rate_sweep is not None:
             if self.request_rate is not None or self.max_concurrency is not None:
                 raise ValueError("a rate_sweep sets request_rate and max_concurrency itself: leave them out")
+        elif self.sla_search is not None:
+            if self.request_rate is not None or self.max_concurrency is not None:
+                raise ValueError("an sla_search sets request_rate itself (open loop): leave request_rate and "
+                                 "max_concurrency out")
         elif self.request_rate is None and self.max_concurrency is None:
-            raise ValueError("set request_rate, max_concurrency, or both (or a rate_sweep)")
+            raise ValueError("set request_rate, max_concurrency, or both (or a rate_sweep or sla_search)")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests, duration_s, or both (the first reached stops the load point)")
-        if self.stop.over_saturation and self.request_rate is None and self.rate_sweep is None:
+        if self.stop.over_saturation and self.request_rate is None and self.rate_sweep is None and self.sla_search is None:
             raise ValueError("stop.over_saturation needs a request_rate (a closed loop's concurrency bounds its queue)")
-        if self.arrival == "gamma" and self.request_rate is None and self.rate_sweep is None:
+        if self.arrival == "gamma" and self.request_rate is None and self.rate_sweep is None and self.sla_search is None:
             raise ValueError("arrival 'gamma' needs a request_rate")
         if self.burstiness != 1.0 and self.arrival != "gamma":
             raise ValueError(f"burstiness applies to arrival 'gamma' only (arrival is {self.arrival!r})")
@@ -762,7 +798,7 @@ ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_config
                                          "planner.n_trials": None, "planner.sampler": None, "planner.batch": None,
                                          "backend.model_shape": None, "backend.noise": None,
                                          "hardware": None, "hardware.co_tenancy": False, "hardware.groups": [],
-                                         "restart_per_repeat": True}
+                                         "restart_per_repeat": True, "load_points.*.sla_search": None}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
@@ -1003,6 +1039,22 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                                 "into engine.grid or use planner.kind 'random'"))
     if spec.planner.kind == "optuna":
         issues += _adaptive_issues(spec)
+    for i, lp in enumerate(spec.load_points):
+        if lp.sla_search is not None and not spec.slos:
+            issues.append(SpecIssue(f"load_points[{i}].sla_search", "an SLA search looks for the highest rate meeting "
+                                    "the spec's SLOs: give `slos`"))
+        if lp.sla_search is not None and lp.num_requests is not None:
+            for slo in spec.slos:
+                need = requests_to_confirm(slo.percentile)
+                if lp.num_requests < need:
+                    issues.append(SpecIssue(f"load_points[{i}].num_requests", (
+                        f"{lp.num_requests} requests per rate cannot show {slo.metric} p{slo.percentile:g} within "
+                        f"its bound with 95% confidence (that takes at least {need}): an SLA search would never "
+                        f"find a rate that meets it; raise num_requests to {need} or more")))
+        if lp.sla_search is not None and not spec.restart_per_repeat:
+            issues.append(SpecIssue(f"load_points[{i}].sla_search", "restart_per_repeat: false runs a config's "
+                                    "repeats in one server start, and an SLA search's rounds are planned per server "
+                                    "start: use restart_per_repeat: true with an sla_search"))
     if not spec.restart_per_repeat:
         for i, lp in enumerate(spec.load_points):
             if lp.rate_sweep is not None:
@@ -1087,9 +1139,10 @@ def _adaptive_issues(spec: ExperimentSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("baseline", "planner.kind 'optuna' does not interleave baseline runs yet: "
                                             "leave baseline out or use a grid, random or quasi-random design"))
     for i, lp in enumerate(spec.load_points):
-        if lp.rate_sweep is not None:
-            issues.append(SpecIssue(f"load_points[{i}].rate_sweep", "planner.kind 'optuna' scores fixed load "
-                                                                   "points only: give request_rate or max_concurrency"))
+        for key in ("rate_sweep", "sla_search"):
+            if getattr(lp, key) is not None:
+                issues.append(SpecIssue(f"load_points[{i}].{key}", "planner.kind 'optuna' scores fixed load "
+                                                                  "points only: give request_rate or max_concurrency"))
     if spec.hardware is not None:
         issues.append(SpecIssue("hardware", "planner.kind 'optuna' does not plan per hardware target yet: "
                                             "leave hardware out or use a grid, random or quasi-random design"))

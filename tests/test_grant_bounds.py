@@ -96,7 +96,8 @@ def test_the_core_refuses_at_start_a_spec_whose_grant_would_be_out_of_bounds() -
 
 #: Spec-section models, bounded on the wire by the GRANT's tree check rather than by their own fields.
 TREE_CHECKED = {"ModelSpec", "BackendSpec", "Budgets", "EngineConfig", "EngineArgs", "TrialManifest", "LoadPoint",
-                "FileDataset", "RandomDataset", "SharedPrefixDataset", "LengthDist", "RateSweep", "StopConditions"}
+                "FileDataset", "RandomDataset", "SharedPrefixDataset", "LengthDist", "RateSweep", "SlaSearch",
+                "StopConditions"}
 #: Fixed-length patterns (a sha256) bound a string as well as maxLength does.
 FIXED = {"^[0-9a-f]{64}$"}
 

@@ -241,6 +241,7 @@ FULL: dict[str, Any] = {
          "dataset": {"kind": "shared_prefix", "num_prefixes": 2, "suffixes_per_prefix": 2, "prefix_len": 16}},
         {"name": "c", "max_concurrency": 4, "num_requests": 8, "dataset": {"kind": "jsonl", "path": "/data.jsonl"}},
         {"name": "d", "num_requests": 8, "rate_sweep": {"num_rates": 2}},
+        {"name": "e", "num_requests": 400, "sla_search": {"min_rps": 1, "max_rps": 8}},
     ],
     "slos": [{"metric": "ttft_ms", "max_ms": 500}],
     "ranking": {"objective": "output_throughput"},
@@ -256,7 +257,8 @@ FULL: dict[str, Any] = {
 
 SECTIONS = ["", "model", "engine", "engine.fixed", "engine.grid", "engine.configs[0]", "load_points[0]",
             "load_points[0].input_len", "load_points[0].dataset", "load_points[1].dataset", "load_points[2].dataset",
-            "load_points[0].stop", "load_points[3].rate_sweep", "slos[0]", "ranking", "baseline", "baseline.engine",
+            "load_points[0].stop", "load_points[3].rate_sweep", "load_points[4].sla_search",
+            "slos[0]", "ranking", "baseline", "baseline.engine",
             "planner", "budgets", "backend", "hardware", "hardware.targets[1]",
             "hardware.groups[0]"]
 

@@ -1,0 +1,150 @@
+"""The sweep's side of an SLA search (``load_points[*].sla_search``): after each round of one engine
+config's search, decide the next round (:func:`servetune.sla.next_rates`) and queue its rates as new
+trials, one batch (one server start) per round.
+
+Nothing here is state of its own: every round is a function of the rounds before it and their
+results in the store, so a resumed sweep re-derives the same rounds (the same trial ids) and runs
+what is missing. Round 0 is in the plan; round ``r >= 1`` of the plan's batch ``i`` is recorded
+under batch index ``SLA_BATCH_OFFSET * r + i``. A probe lost to transport is not finished (it is run
+again) and holds its round open; one that failed as a measurement counts as missing the SLOs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from coordinator.leases import BatchWork
+from coordinator.planning import needs_run
+from coordinator.store import Store
+from servetune.manifest import Plan, PlannedBatch, TrialManifest, sla_points, sweep_parent, swept_names
+from servetune.sla import SlaOutcome, Verdict, boundary, next_rates, verdict
+from servetune.spec import ExperimentSpec, LoadPoint
+
+log = logging.getLogger(__name__)
+
+#: Batch index of round r (>= 1) of the plan's batch i: SLA_BATCH_OFFSET * r + i.
+SLA_BATCH_OFFSET = 1_000_000
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """One (planned batch, SLA load point) search: its rounds so far and where it stands."""
+
+    batch: PlannedBatch
+    parent: str
+    rounds: tuple[tuple[TrialManifest, ...], ...]
+    outcome: SlaOutcome
+    #: the next round's manifests when the search goes on and they are not all finished yet (else empty)
+    pending: tuple[TrialManifest, ...] = ()
+    #: the round ``pending`` belongs to
+    pending_round: int = 0
+
+
+def _searches(spec: ExperimentSpec, plan: Plan) -> Iterable[tuple[PlannedBatch, LoadPoint, tuple[TrialManifest, ...]]]:
+    parents = {lp.name: lp for lp in spec.load_points if lp.sla_search is not None}
+    if not parents:
+        return
+    for batch in plan.batches:
+        groups: dict[str, list[TrialManifest]] = {}
+        for m in batch.trials:
+            parent = sweep_parent(m.load_point.name)
+            if parent in parents:
+                groups.setdefault(parent, []).append(m)
+        for parent, ms in groups.items():
+            yield batch, parents[parent], tuple(ms)
+
+
+def search_states(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, retry_failed: bool = False,
+                  record: bool = True) -> list[SearchState]:
+    """Every SLA search of ``plan``, replayed from the store's results. With ``record``, a round
+    decided here for the first time is recorded in the store (its trials made now, never changed)."""
+    out = []
+    for batch, lp, first in _searches(spec, plan):
+        s = lp.sla_search
+        assert s is not None
+        rounds = [first]
+        probes: dict[float, Verdict] = {}
+        while True:
+            current = rounds[-1]
+            latest = store.latest_finished_of([m.trial_id for m in current])
+            if any(needs_run(latest.get(m.trial_id), retry_failed) for m in current):
+                pending = current
+                break
+            for m in current:
+                att = latest[m.trial_id]
+                rate = m.load_point.request_rate
+                assert rate is not None
+                probes[rate] = verdict(att.status, att.metrics)
+            rates, outcome = next_rates(probes, per_round=s.rates_per_round, rel_tol=s.rel_tol,
+                                        rounds_done=len(rounds), max_rounds=s.max_rounds)
+            if not rates:
+                out.append(SearchState(batch, lp.name, tuple(rounds), outcome))
+                pending = ()
+                break
+            manifests = tuple(first[0].model_copy(update={"load_point": p}) for p in sla_points(lp, rates))
+            if record:
+                store.add_trials(spec_hash, list(manifests), SLA_BATCH_OFFSET * len(rounds) + batch.index)
+            rounds.append(manifests)
+        if pending:
+            out.append(SearchState(batch, lp.name, tuple(rounds), boundary(list(probes.items())),
+                                   pending=pending, pending_round=len(rounds) - 1))
+    return out
+
+
+def expand_sla_searches(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, retry_failed: bool = False,
+                        only: set[str] | None = None) -> list[BatchWork]:
+    """The batches of SLA-search rounds after the first that have something to run (one per search
+    with an open round): decided from the results so far, recorded in the store. ``only``: just the
+    searches one of these trial ids belongs to."""
+    work = []
+    for st in search_states(store, spec, plan, spec_hash, retry_failed):
+        if not st.pending or st.pending_round == 0:
+            continue  # round 0 is the plan's own batch
+        if only is not None and not any(m.trial_id in only for r in st.rounds for m in r):
+            continue
+        latest = store.latest_finished_of([m.trial_id for m in st.pending])
+        todo = tuple(m for m in st.pending if needs_run(latest.get(m.trial_id), retry_failed))
+        if todo:
+            index = SLA_BATCH_OFFSET * st.pending_round + st.batch.index
+            planned = PlannedBatch(index=index, config=st.batch.config, trials=st.pending,
+                                   is_baseline=st.batch.is_baseline)
+            work.append(BatchWork(batch=planned, trials=todo))
+    return work
+
+
+def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, console: Console,
+              retry_failed: bool = False) -> list[SearchState]:
+    """The SLA searches' table: per engine config and SLA load point, the max rate at SLO (the
+    highest rate measured meeting every SLO), the interval on the boundary and why the search
+    stopped, ranked by max rate at SLO. Nothing is recorded (``record=False``)."""
+    states = search_states(store, spec, plan, spec_hash, retry_failed, record=False)
+    if not states:
+        return states
+    swept = swept_names(plan.configs().values()) or None
+    slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos)
+    table = Table(title=escape(f"SLA search: max request rate meeting every SLO ({slo_text}), per engine config"))
+    for col, justify in [("rank", "right"), ("engine config", "left"), ("load point", "left"),
+                         ("max rate at SLO", "right"), ("boundary in", "right"), ("trials", "right"),
+                         ("rounds", "right"), ("stopped", "left")]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    ordered = sorted(states, key=lambda st: -(st.outcome.lo or 0.0))
+    for rank, st in enumerate(ordered, start=1):
+        o = st.outcome
+        lo = f"{o.lo:g} req/s" if o.lo is not None else "none"
+        interval = f"[{o.lo or 0:g}, {o.hi:g}]" if o.hi is not None else f"[{o.lo or 0:g}, inf)"
+        why: str = o.reason or "still searching"
+        if o.non_monotone:
+            why += ", not monotone"
+        table.add_row(str(rank), st.batch.config.label(swept), st.parent, lo, interval,
+                      str(sum(len(r) for r in st.rounds)), str(len(st.rounds)), why)
+    console.print(table)
+    console.print("max rate at SLO: the highest rate whose trial met every SLO with 95% confidence on each "
+                  "percentile, below every rate that missed; the true boundary lies in the interval if latency "
+                  "rises with rate (servetune.sla)")
+    return states

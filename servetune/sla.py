@@ -1,0 +1,239 @@
+"""SLA search: the highest request rate at which one engine config meets the spec's SLOs, found by
+bracketing and bisection, with an interval on the boundary instead of a point.
+
+Pure logic, no I/O: :func:`next_rates` takes the probes measured so far (rate -> the trial's
+metrics) and returns the rates of the next round, or none with the search's :class:`SlaOutcome`.
+The sweep (``coordinator.sweep.expand_sla_searches``) runs each round's rates as trials against one
+more server start; the benchmark (``benchmarks/search/sla.py``) drives the same function.
+
+Noise-aware verdicts. A probe **meets** the SLOs when, for every SLO, the upper end of the
+distribution-free 95% interval on its percentile (``SLOResult.ci_high_ms``: order statistics of the
+request latencies, binomial ranks) is within the bound; it **misses** them when, for some SLO, the
+lower end is above the bound, more requests failed than the percentile allows, or the trial failed
+as a measurement (a server that falls over under load has no rate to offer). Otherwise the probe is
+**unsure**: the bound lies inside the sampling uncertainty of its percentile at that rate. A probe
+whose load generator fell behind (it did not offer the rate) is **invalid** and caps the search.
+
+The boundary interval is ``[lo, hi]``: ``lo`` the highest rate that met the SLOs below every rate
+that missed them (the trial-backed "max rate at SLO"), ``hi`` the lowest rate that missed them.
+Unsure probes lie between. The search stops when ``hi / lo - 1 <= rel_tol`` (``resolved``), when
+every gap left between probed rates inside the interval is that narrow but unsure probes keep it
+wide (``noise``: more requests per probe would narrow it), when the round budget is spent
+(``budget``), or when no rate down to :data:`MIN_RPS` meets the SLOs (``none_meets``).
+
+Assumptions, stated where they bite: latency percentiles rise with the offered rate (a probe that
+meets the SLOs above one that misses them is reported as ``non_monotone``), and request latencies
+within a trial are treated as independent draws for the interval on each percentile (queueing
+correlates them, and trial-to-trial drift is not in that interval): ``benchmarks/search`` measures
+how often the boundary interval covers the simulator's truth.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: No search goes below this rate (requests/s): below it the SLOs are called unmeetable.
+MIN_RPS = 0.001
+#: Nor above this one.
+MAX_RPS = 1_000_000.0
+#: Each side's error rate of the interval on a percentile (two-sided 95%).
+CI_TAIL = 0.025
+
+Verdict = Literal["meets", "misses", "unsure", "invalid"]
+Reason = Literal["resolved", "noise", "budget", "none_meets", "all_meet", "client_limit"]
+
+
+def _binom_cdf_window(n: int, q: float) -> tuple[int, list[float]]:
+    """``(k0, cdf)`` with ``cdf[i] = P(K <= k0 + i)`` for K ~ Binomial(n, q), over the window of k
+    holding all but ~1e-30 of the mass (log-space pmf; the mass below the window is taken as 0)."""
+    sd = math.sqrt(n * q * (1 - q))
+    k0 = max(0, math.floor(n * q - 12 * sd - 2))
+    k1 = min(n, math.ceil(n * q + 12 * sd + 2))
+    lq, l1q = math.log(q), math.log1p(-q)
+    lg = math.lgamma(n + 1)
+    cdf, acc = [], 0.0
+    for k in range(k0, k1 + 1):
+        acc += math.exp(lg - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lq + (n - k) * l1q)
+        cdf.append(min(acc, 1.0))
+    return k0, cdf
+
+
+@functools.lru_cache(maxsize=4096)
+def quantile_ci_ranks(n: int, q: float, tail: float = CI_TAIL) -> tuple[int | None, int | None]:
+    """1-based ranks ``(l, u)`` of the sorted values bounding the ``q`` quantile with at least
+    ``1 - 2 * tail`` coverage (``P(X(l) <= Q) >= 1 - tail`` and ``P(X(u) >= Q) >= 1 - tail``, for
+    independent draws of a continuous distribution). ``None`` for a side the ``n`` values cannot
+    bound (e.g. the upper side of p99 under 368 values). Exact binomial ranks, O(sqrt(n)) time."""
+    if n <= 0 or not 0.0 < q < 1.0:
+        return None, None
+    k0, cdf = _binom_cdf_window(n, q)
+
+    def at(k: int) -> float:  # P(K <= k)
+        return 0.0 if k < k0 else (1.0 if k - k0 >= len(cdf) else cdf[k - k0])
+
+    # X(l) <= Q  <=>  K >= l (K: how many values lie below Q): need P(K <= l - 1) <= tail
+    lo = None
+    for rank in range(min(n, k0 + len(cdf)), 0, -1):
+        if at(rank - 1) <= tail:
+            lo = rank
+            break
+    # X(u) >= Q  <=>  K <= u - 1: need P(K <= u - 1) >= 1 - tail
+    hi = None
+    for rank in range(max(1, k0 + 1), n + 1):
+        if at(rank - 1) >= 1 - tail:
+            hi = rank
+            break
+    return lo, hi
+
+
+def quantile_ci(values: Sequence[float], q: float, tail: float = CI_TAIL) -> tuple[float | None, float | None]:
+    """The distribution-free interval on the ``q`` quantile of ``values`` (see :func:`quantile_ci_ranks`)."""
+    xs = sorted(values)
+    lo, hi = quantile_ci_ranks(len(xs), q, tail)
+    return (xs[lo - 1] if lo is not None else None), (xs[hi - 1] if hi is not None else None)
+
+
+def verdict(status: str, metrics: Mapping[str, Any] | None) -> Verdict:
+    """Whether one probe (a trial's status and metrics) meets, misses or is unsure of the SLOs."""
+    if status != "ok" or not metrics:
+        return "misses"
+    if metrics.get("client_fell_behind"):
+        return "invalid"
+    if str(metrics.get("stopped_early") or "").startswith(("over-saturation", "error budget")):
+        return "misses"  # the queue kept growing, or requests kept failing: no steady state at this rate
+    slos = metrics.get("slos") or []
+    n_req = int(metrics.get("n_requests") or 0)
+    n_err = int(metrics.get("n_errors") or 0)
+    if n_req == 0:
+        return "misses"
+    unsure = False
+    for s in slos:
+        allowed = (1.0 - float(s["percentile"]) / 100.0) * n_req
+        if n_err > allowed:
+            return "misses"
+        if n_err:
+            unsure = True  # failed requests sit above the bound: the percentile of all requests is higher
+        low, high = s.get("ci_low_ms"), s.get("ci_high_ms")
+        if low is not None and low > s["max_ms"]:
+            return "misses"
+        if high is None or high > s["max_ms"]:
+            unsure = True
+    return "unsure" if unsure else "meets"
+
+
+@dataclass(frozen=True)
+class SlaOutcome:
+    """Where one config's search stands: the boundary interval and why it stopped (None: still running)."""
+
+    lo: float | None  # highest rate meeting the SLOs below every miss (None: none met)
+    hi: float | None  # lowest rate missing them (None: none missed)
+    reason: Reason | None
+    probes: tuple[tuple[float, Verdict], ...] = field(default=())
+    non_monotone: bool = False
+
+    @property
+    def max_rate_rps(self) -> float | None:
+        """The trial-backed max rate at SLO: the highest rate measured meeting them (conservative)."""
+        return self.lo
+
+    def describe(self) -> str:
+        lo = f"{self.lo:g}" if self.lo is not None else "0"
+        hi = f"{self.hi:g}" if self.hi is not None else "inf"
+        why = {"resolved": "resolved", "noise": "narrowest the request count resolves",
+               "budget": "round budget spent", "none_meets": f"no rate down to {MIN_RPS:g} req/s meets the SLOs",
+               "all_meet": f"every rate up to {MAX_RPS:g} req/s meets the SLOs",
+               "client_limit": "the load generator could not offer a higher rate", None: "searching"}[self.reason]
+        text = f"max rate at SLO {self.lo:g} req/s" if self.lo is not None else "no rate met the SLOs"
+        text += f", boundary in [{lo}, {hi}] req/s ({why})"
+        if self.non_monotone:
+            text += "; a rate above a miss met the SLOs (latency not monotone in rate, or noise)"
+        return text
+
+
+def _round(rate: float) -> float:
+    return float(f"{rate:.3g}")
+
+
+def first_rates(min_rps: float, max_rps: float, per_round: int) -> list[float]:
+    """Round 0: ``max(2, per_round)`` rates spaced evenly in log from ``min_rps`` to ``max_rps``."""
+    k = max(2, per_round)
+    if max_rps <= min_rps:
+        return [_round(min_rps)]
+    ratio = math.log(max_rps / min_rps)
+    return sorted({_round(min_rps * math.exp(ratio * i / (k - 1))) for i in range(k)})
+
+
+def boundary(probes: Sequence[tuple[float, Verdict]]) -> SlaOutcome:
+    """The interval the probes so far put on the boundary (``reason`` None)."""
+    ps = sorted(probes)
+    misses = [r for r, v in ps if v == "misses"]
+    hi = misses[0] if misses else None
+    meets = [r for r, v in ps if v == "meets" and (hi is None or r < hi)]
+    lo = meets[-1] if meets else None
+    non_mono = hi is not None and any(v == "meets" and r > hi for r, v in ps)
+    return SlaOutcome(lo=lo, hi=hi, reason=None, probes=tuple(ps), non_monotone=non_mono)
+
+
+def next_rates(probes: Mapping[float, Verdict], *, per_round: int, rel_tol: float, rounds_done: int,
+               max_rounds: int) -> tuple[list[float], SlaOutcome]:
+    """The next round's rates (new, sorted) given every probe so far, with the boundary; an empty
+    list means the search is over and the outcome says why."""
+    state = boundary(list(probes.items()))
+
+    def done(reason: Reason) -> tuple[list[float], SlaOutcome]:
+        return [], SlaOutcome(state.lo, state.hi, reason, state.probes, state.non_monotone)
+
+    invalid = [r for r, v in probes.items() if v == "invalid"]
+    cap = min(invalid) if invalid else None
+    lo, hi = state.lo, state.hi
+    if lo is not None and hi is not None and hi <= lo * (1 + rel_tol):
+        return done("resolved")
+    if rounds_done >= max_rounds:
+        return done("budget")
+    k = max(1, per_round)
+    if hi is None:  # every valid probe met (or was unsure): bracket upward, doubling
+        top = max((r for r, v in probes.items() if v != "invalid"), default=MIN_RPS)
+        if cap is not None:
+            if lo is not None and cap <= lo * (1 + rel_tol):
+                return done("client_limit")
+            return _fresh(_between(lo or MIN_RPS, cap, k), probes, done, "client_limit")
+        if top >= MAX_RPS:
+            return done("all_meet")
+        return _fresh([min(MAX_RPS, top * 2 ** (i + 1)) for i in range(k)], probes, done, "all_meet")
+    if lo is None:  # every probe missed or was unsure: bracket downward, halving
+        bottom = min(r for r, v in probes.items() if v in ("misses", "unsure"))
+        if bottom <= MIN_RPS:
+            return done("none_meets")
+        return _fresh([max(MIN_RPS, bottom / 2 ** (i + 1)) for i in range(k)], probes, done, "none_meets")
+    # bisect inside (lo, hi): split the widest gap between probed rates (unsure ones lie in it)
+    inside = sorted({lo, hi, *(r for r, v in probes.items() if lo < r < hi and v != "invalid")})
+    gaps = [(math.log(b / a), a, b) for a, b in zip(inside, inside[1:]) if b > a * (1 + rel_tol)]
+    if not gaps:
+        return done("noise")
+    _, a, b = max(gaps)
+    return _fresh(_between(a, b, k), probes, done, "noise")
+
+
+def _between(a: float, b: float, k: int) -> list[float]:
+    """``k`` rates strictly between ``a`` and ``b``, evenly in log."""
+    ratio = math.log(b / a)
+    return [a * math.exp(ratio * (i + 1) / (k + 1)) for i in range(k)]
+
+
+def _fresh(rates: Sequence[float], probes: Mapping[float, Verdict],
+           done: Callable[[Reason], tuple[list[float], SlaOutcome]], reason: Reason) -> tuple[list[float], SlaOutcome]:
+    new = sorted({_round(r) for r in rates} - set(probes))
+    if not new:  # 3 significant digits cannot split it further
+        return done(reason)
+    state = boundary(list(probes.items()))
+    return new, state
+
+
+def search_outcome(probes: Mapping[float, Verdict], *, per_round: int, rel_tol: float, rounds_done: int,
+                   max_rounds: int) -> SlaOutcome:
+    """The outcome so far (``reason`` None while another round would run)."""
+    return next_rates(probes, per_round=per_round, rel_tol=rel_tol, rounds_done=rounds_done, max_rounds=max_rounds)[1]
