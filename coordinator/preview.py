@@ -302,6 +302,11 @@ def build_preview(spec: ExperimentSpec, plan: Plan, target: PreviewTarget, answe
         notes.append(f"{followup_trials} rate-sweep follow-up trial(s) in {followup_starts} more server start(s), at "
                      "the rates the sweep would choose from the simulated @sync and @max throughputs (measured "
                      "ones will differ): simulated and in the cost")
+    for lp in spec.load_points:
+        if lp.sla_search is not None:
+            notes.append(f"SLA search {lp.name}: only its first round's rates are simulated and costed; the rounds "
+                         f"after it (up to {lp.sla_search.max_rounds - 1}, one server start each) follow measured "
+                         "results and are not in this preview")
     if spec.repeats > 1:
         notes.append(f"{spec.repeats} repeats planned and costed; simulated once (noiseless repeats are identical)")
     if not is_gpu and prof.kv_cache_bytes:

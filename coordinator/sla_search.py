@@ -11,9 +11,12 @@ again) and holds its round open; one that failed as a measurement counts as miss
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -118,8 +121,47 @@ def expand_sla_searches(store: Store, spec: ExperimentSpec, plan: Plan, spec_has
     return work
 
 
+#: The SLA searches' answer, beside the dataset: ``runs/<name>/sla_search.json``.
+SLA_FILE = "sla_search.json"
+
+
+def write_sla_file(folder: Path, states: list[SearchState], spec: ExperimentSpec, spec_hash: str,
+                   swept: list[str] | None) -> Path | None:
+    """``folder/sla_search.json`` (atomically: a temporary file, then ``os.replace``): per search the
+    engine config, the max rate at SLO, the boundary interval, why it stopped, and every rate probed
+    with its verdict and trial id. Rewritten whole at each sweep's end; None when there is no search."""
+    if not states:
+        return None
+    searches = []
+    for st in states:
+        o = st.outcome
+        trial_of = {m.load_point.request_rate: m.trial_id for r in st.rounds for m in r}
+        searches.append({
+            "config_id": st.batch.config_id, "config_label": st.batch.config.label(swept), "load_point": st.parent,
+            "repeat": st.batch.trials[0].repeat if st.batch.trials else 0,
+            "hardware_target": st.batch.hardware_target,
+            "max_rate_at_slo_rps": o.lo, "boundary_low_rps": o.lo if o.lo is not None else 0.0,
+            "boundary_high_rps": o.hi, "stopped": o.reason or "still searching", "non_monotone": o.non_monotone,
+            "rounds": len(st.rounds),
+            "probes": [{"rate_rps": r, "verdict": v, "trial_id": trial_of.get(r)} for r, v in o.probes],
+        })
+    doc = {"spec_hash": spec_hash, "slos": [s.model_dump(mode="json") for s in spec.slos],
+           "meaning": "max_rate_at_slo_rps: the highest rate whose trial met every SLO with 95% confidence on each "
+                      "percentile, below every rate that missed (null: none met); the boundary lies in "
+                      "[boundary_low_rps, boundary_high_rps] (null high: no rate missed) if latency rises with rate",
+           "searches": searches}
+    path = folder / SLA_FILE
+    tmp = folder / f".{SLA_FILE}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, console: Console,
-              retry_failed: bool = False) -> list[SearchState]:
+              retry_failed: bool = False, folder: Path | None = None) -> list[SearchState]:
     """The SLA searches' table: per engine config and SLA load point, the max rate at SLO (the
     highest rate measured meeting every SLO), the interval on the boundary and why the search
     stopped, ranked by max rate at SLO. Nothing is recorded (``record=False``)."""
@@ -147,4 +189,9 @@ def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, co
     console.print("max rate at SLO: the highest rate whose trial met every SLO with 95% confidence on each "
                   "percentile, below every rate that missed; the true boundary lies in the interval if latency "
                   "rises with rate (servetune.sla)")
+    if folder is not None:
+        try:
+            console.print(f"SLA searches: {write_sla_file(folder, states, spec, spec_hash, swept)}")
+        except OSError as exc:  # the store holds every probe: the file can be written by the next resume
+            log.warning("cannot write %s: %s", folder / SLA_FILE, exc)
     return states

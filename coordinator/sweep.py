@@ -399,7 +399,7 @@ class SweepRunner:
                 if lacking:  # their artifacts may still be spooled on a daemon's node
                     self._collect_leftover_artifacts(endpoint, store, len(lacking))
             print_ranking(store, self.spec, output_console(), dataset_path)
-            print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed)
+            print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed, folder)
             return SweepReport(exit_code=ExitCode.OK, experiment_dir=folder, dataset_path=dataset_path)
         sweep_id = store.begin_sweep(self.spec_hash, canonical_json(sys.argv))
         wall = self.plan.wall_estimate_seconds(self.spec.backend.kind)
@@ -452,7 +452,7 @@ class SweepRunner:
             schedule.finished(status, self.core.breaker)
         dataset_path = self._rewrite_dataset(store)
         print_ranking(store, self.spec, output_console(), dataset_path)
-        print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed)
+        print_sla(store, self.spec, self.plan, self.spec_hash, output_console(), self.opts.retry_failed, folder)
         holes = self._holes(store)
         if holes:
             self._print_holes(holes)
