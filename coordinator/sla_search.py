@@ -26,7 +26,7 @@ from coordinator.leases import BatchWork
 from coordinator.planning import needs_run
 from coordinator.store import Store
 from servetune.manifest import Plan, PlannedBatch, TrialManifest, sla_points, sweep_parent, swept_names
-from servetune.sla import SlaOutcome, Verdict, boundary, next_rates, verdict
+from servetune.sla import SlaOutcome, Verdict, boundary, next_rates, search_range, verdict
 from servetune.spec import ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ def search_states(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str
                 rate = m.load_point.request_rate
                 assert rate is not None
                 probes[rate] = verdict(att.status, att.metrics)
+            floor, ceiling = search_range(s.min_rps, s.max_rps)
             rates, outcome = next_rates(probes, per_round=s.rates_per_round, rel_tol=s.rel_tol,
-                                        rounds_done=len(rounds), max_rounds=s.max_rounds)
+                                        rounds_done=len(rounds), max_rounds=s.max_rounds, floor=floor, ceiling=ceiling)
             if not rates:
                 out.append(SearchState(batch, lp.name, tuple(rounds), outcome))
                 pending = ()

@@ -19,7 +19,10 @@ that missed them (the trial-backed "max rate at SLO"), ``hi`` the lowest rate th
 Unsure probes lie between. The search stops when ``hi / lo - 1 <= rel_tol`` (``resolved``), when
 every gap left between probed rates inside the interval is that narrow but unsure probes keep it
 wide (``noise``: more requests per probe would narrow it), when the round budget is spent
-(``budget``), or when no rate down to :data:`MIN_RPS` meets the SLOs (``none_meets``).
+(``budget``), when no rate down to the search's floor is shown to meet the SLOs (``none_meets``), or
+every rate up to its ceiling meets them (``all_meet``): the floor and ceiling are the first round's
+range widened :data:`WIDEN` times each way (within :data:`MIN_RPS` and :data:`MAX_RPS`), so a search
+never schedules a rate (and a trial length) far from what its spec asked for.
 
 Assumptions, stated where they bite: latency percentiles rise with the offered rate (a probe that
 meets the SLOs above one that misses them is reported as ``non_monotone``), and request latencies
@@ -40,6 +43,8 @@ from typing import Any, Literal
 MIN_RPS = 0.001
 #: Nor above this one.
 MAX_RPS = 1_000_000.0
+#: Bracketing goes at most this factor below ``min_rps`` and above ``max_rps``.
+WIDEN = 16.0
 #: Each side's error rate of the interval on a percentile (two-sided 95%).
 CI_TAIL = 0.025
 
@@ -134,6 +139,8 @@ class SlaOutcome:
     reason: Reason | None
     probes: tuple[tuple[float, Verdict], ...] = field(default=())
     non_monotone: bool = False
+    floor: float = MIN_RPS
+    ceiling: float = MAX_RPS
 
     @property
     def max_rate_rps(self) -> float | None:
@@ -144,10 +151,10 @@ class SlaOutcome:
         lo = f"{self.lo:g}" if self.lo is not None else "0"
         hi = f"{self.hi:g}" if self.hi is not None else "inf"
         why = {"resolved": "resolved", "noise": "narrowest the request count resolves",
-               "budget": "round budget spent", "none_meets": f"no rate down to {MIN_RPS:g} req/s meets the SLOs",
-               "all_meet": f"every rate up to {MAX_RPS:g} req/s meets the SLOs",
+               "budget": "round budget spent", "none_meets": f"no rate down to {self.floor:g} req/s shown to meet the SLOs",
+               "all_meet": f"every rate up to {self.ceiling:g} req/s meets the SLOs",
                "client_limit": "the load generator could not offer a higher rate", None: "searching"}[self.reason]
-        text = f"max rate at SLO {self.lo:g} req/s" if self.lo is not None else "no rate met the SLOs"
+        text = f"max rate at SLO {self.lo:g} req/s" if self.lo is not None else "no rate shown to meet the SLOs"
         text += f", boundary in [{lo}, {hi}] req/s ({why})"
         if self.non_monotone:
             text += "; a rate above a miss met the SLOs (latency not monotone in rate, or noise)"
@@ -178,14 +185,20 @@ def boundary(probes: Sequence[tuple[float, Verdict]]) -> SlaOutcome:
     return SlaOutcome(lo=lo, hi=hi, reason=None, probes=tuple(ps), non_monotone=non_mono)
 
 
+def search_range(min_rps: float, max_rps: float) -> tuple[float, float]:
+    """The floor and ceiling of a search whose first round spans ``[min_rps, max_rps]``."""
+    return max(MIN_RPS, min_rps / WIDEN), min(MAX_RPS, max_rps * WIDEN)
+
+
 def next_rates(probes: Mapping[float, Verdict], *, per_round: int, rel_tol: float, rounds_done: int,
-               max_rounds: int) -> tuple[list[float], SlaOutcome]:
-    """The next round's rates (new, sorted) given every probe so far, with the boundary; an empty
-    list means the search is over and the outcome says why."""
+               max_rounds: int, floor: float = MIN_RPS, ceiling: float = MAX_RPS) -> tuple[list[float], SlaOutcome]:
+    """The next round's rates (new, sorted, within ``[floor, ceiling]``) given every probe so far,
+    with the boundary; an empty list means the search is over and the outcome says why."""
     state = boundary(list(probes.items()))
+    state = SlaOutcome(state.lo, state.hi, None, state.probes, state.non_monotone, floor, ceiling)
 
     def done(reason: Reason) -> tuple[list[float], SlaOutcome]:
-        return [], SlaOutcome(state.lo, state.hi, reason, state.probes, state.non_monotone)
+        return [], SlaOutcome(state.lo, state.hi, reason, state.probes, state.non_monotone, floor, ceiling)
 
     invalid = [r for r, v in probes.items() if v == "invalid"]
     cap = min(invalid) if invalid else None
@@ -196,26 +209,26 @@ def next_rates(probes: Mapping[float, Verdict], *, per_round: int, rel_tol: floa
         return done("budget")
     k = max(1, per_round)
     if hi is None:  # every valid probe met (or was unsure): bracket upward, doubling
-        top = max((r for r, v in probes.items() if v != "invalid"), default=MIN_RPS)
+        top = max((r for r, v in probes.items() if v != "invalid"), default=floor)
         if cap is not None:
             if lo is not None and cap <= lo * (1 + rel_tol):
                 return done("client_limit")
-            return _fresh(_between(lo or MIN_RPS, cap, k), probes, done, "client_limit")
-        if top >= MAX_RPS:
+            return _fresh(_between(lo or floor, cap, k), probes, done, "client_limit", state)
+        if top >= ceiling:
             return done("all_meet")
-        return _fresh([min(MAX_RPS, top * 2 ** (i + 1)) for i in range(k)], probes, done, "all_meet")
+        return _fresh([min(ceiling, top * 2 ** (i + 1)) for i in range(k)], probes, done, "all_meet", state)
     if lo is None:  # every probe missed or was unsure: bracket downward, halving
         bottom = min(r for r, v in probes.items() if v in ("misses", "unsure"))
-        if bottom <= MIN_RPS:
+        if bottom <= floor:
             return done("none_meets")
-        return _fresh([max(MIN_RPS, bottom / 2 ** (i + 1)) for i in range(k)], probes, done, "none_meets")
+        return _fresh([max(floor, bottom / 2 ** (i + 1)) for i in range(k)], probes, done, "none_meets", state)
     # bisect inside (lo, hi): split the widest gap between probed rates (unsure ones lie in it)
     inside = sorted({lo, hi, *(r for r, v in probes.items() if lo < r < hi and v != "invalid")})
     gaps = [(math.log(b / a), a, b) for a, b in zip(inside, inside[1:]) if b > a * (1 + rel_tol)]
     if not gaps:
         return done("noise")
     _, a, b = max(gaps)
-    return _fresh(_between(a, b, k), probes, done, "noise")
+    return _fresh(_between(a, b, k), probes, done, "noise", state)
 
 
 def _between(a: float, b: float, k: int) -> list[float]:
@@ -225,15 +238,11 @@ def _between(a: float, b: float, k: int) -> list[float]:
 
 
 def _fresh(rates: Sequence[float], probes: Mapping[float, Verdict],
-           done: Callable[[Reason], tuple[list[float], SlaOutcome]], reason: Reason) -> tuple[list[float], SlaOutcome]:
+           done: Callable[[Reason], tuple[list[float], SlaOutcome]], reason: Reason,
+           state: SlaOutcome) -> tuple[list[float], SlaOutcome]:
     new = sorted({_round(r) for r in rates} - set(probes))
     if not new:  # 3 significant digits cannot split it further
         return done(reason)
-    state = boundary(list(probes.items()))
     return new, state
 
 
-def search_outcome(probes: Mapping[float, Verdict], *, per_round: int, rel_tol: float, rounds_done: int,
-                   max_rounds: int) -> SlaOutcome:
-    """The outcome so far (``reason`` None while another round would run)."""
-    return next_rates(probes, per_round=per_round, rel_tol=rel_tol, rounds_done=rounds_done, max_rounds=max_rounds)[1]

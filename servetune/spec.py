@@ -1043,6 +1043,15 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
         if lp.sla_search is not None and not spec.slos:
             issues.append(SpecIssue(f"load_points[{i}].sla_search", "an SLA search looks for the highest rate meeting "
                                     "the spec's SLOs: give `slos`"))
+        if lp.sla_search is not None and lp.num_requests is None and lp.duration_s is not None:
+            for slo in spec.slos:
+                need = requests_to_confirm(slo.percentile)
+                top = lp.sla_search.max_rps * lp.duration_s
+                if top < need:
+                    issues.append(SpecIssue(f"load_points[{i}].duration_s", (
+                        f"duration_s {lp.duration_s:g} at max_rps {lp.sla_search.max_rps:g} sends about {top:.0f} "
+                        f"requests, too few to show {slo.metric} p{slo.percentile:g} within its bound with 95% "
+                        f"confidence (that takes at least {need}): lengthen duration_s or set num_requests")))
         if lp.sla_search is not None and lp.num_requests is not None:
             for slo in spec.slos:
                 need = requests_to_confirm(slo.percentile)

@@ -24,7 +24,7 @@ from coordinator.store import Store
 from servetune.errors import SpecError
 from servetune.metrics import summary_dict
 from servetune.result import RequestSample
-from servetune.sla import Verdict, first_rates, next_rates, quantile_ci, quantile_ci_ranks, verdict
+from servetune.sla import Verdict, first_rates, next_rates, quantile_ci, quantile_ci_ranks, search_range, verdict
 from servetune.spec import SLO, parse_spec, requests_to_confirm
 from tests.conftest import cli_env, coordinator_cmd
 
@@ -100,10 +100,12 @@ def test_a_probe_meets_misses_or_is_unsure_by_the_interval_not_the_point() -> No
 def _run(truth: Callable[[float], Verdict], *, lo: float = 1.0, hi: float = 64.0, per_round: int = 3,
          rel_tol: float = 0.05, max_rounds: int = 12) -> tuple[Any, int, int]:
     probes: dict[float, Verdict] = {r: truth(r) for r in first_rates(lo, hi, per_round)}
+    floor, ceiling = search_range(lo, hi)
     rounds = 1
     while True:
         rates, outcome = next_rates(probes, per_round=per_round, rel_tol=rel_tol, rounds_done=rounds,
-                                    max_rounds=max_rounds)
+                                    max_rounds=max_rounds, floor=floor, ceiling=ceiling)
+        assert all(floor <= r <= ceiling for r in rates), "never outside the first round's range widened 16x"
         if not rates:
             return outcome, rounds, len(probes)
         assert not set(rates) & set(probes), "a rate is never probed twice"
@@ -144,7 +146,12 @@ def test_budget_none_meets_and_client_limit() -> None:
     outcome, rounds, _ = _run(_step(10.0), max_rounds=2)
     assert outcome.reason == "budget" and rounds == 2 and outcome.lo is not None and outcome.hi is not None
     nothing, _, _ = _run(lambda r: "misses")
-    assert nothing.reason == "none_meets" and nothing.lo is None and "no rate met" in nothing.describe()
+    assert nothing.reason == "none_meets" and nothing.lo is None
+    assert "no rate down to 0.0625 req/s shown to meet" in nothing.describe()
+    unsure, _, _ = _run(lambda r: "unsure")  # too few requests to show anything: bounded, never "met"
+    assert unsure.lo is None and unsure.hi is None and unsure.reason in ("budget", "all_meet")
+    everything, _, _ = _run(lambda r: "meets")
+    assert everything.reason == "all_meet" and everything.hi is None and everything.lo == 1020  # 1024, 3 digits
 
     def capped(r: float) -> Verdict:
         return "invalid" if r > 20 else "meets"
@@ -190,6 +197,7 @@ def test_the_spec_rules_name_the_key() -> None:
         "num_requests: 60": ("num_requests: 20", "load_points[0].num_requests", "at least 36"),
         "sla_search: {": ("request_rate: 3, sla_search: {", "load_points[0]", "sets request_rate itself"),
         "max_rps: 64": ("max_rps: 0.5", "load_points[0].sla_search", "below min_rps"),
+        "num_requests: 60,": ("duration_s: 0.5,", "load_points[0].duration_s", "sends about 32 requests"),
     }
     for old, (new, path, text) in cases.items():
         with pytest.raises(SpecError) as err:
