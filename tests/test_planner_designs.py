@@ -177,6 +177,8 @@ def test_new_defaults_leave_the_spec_hash_alone() -> None:
     for added in ("profile", "model_shape", "noise"):  # the sim backend's fields, None for every other kind
         del old_dump["backend"][added]
     old_dump["backend"].update(python=None, launch=None)  # removed since: every old spec held them as null
+    for lp in old_dump["load_points"]:
+        assert lp.pop("sla_search") is None
     assert spec.spec_hash() == sha256_json(old_dump)
     assert _spec("{kind: random, n_configs: 3}").spec_hash() != spec.spec_hash()
     assert parse_spec(SPEC + "gpu_hour_prices: {1xH100-80GB: 2.5}\n").spec_hash() != spec.spec_hash()

@@ -110,12 +110,15 @@ def test_no_section_keeps_spec_hash_and_trial_ids() -> None:
     for key in ("profile", "model_shape", "noise"):
         dump["backend"].pop(key)
     dump["backend"].update(python=None, launch=None)
+    for lp in dump["load_points"]:
+        assert lp.pop("sla_search") is None
     assert spec.spec_hash() == sha256_json(dump)
     plan = plan_experiment(spec)
     for m in plan.trials():
         data = m.model_dump(mode="json")
         assert data.pop("hardware_target") is None and data.pop("tags") == []
         data["load_point"]["dataset"].pop("path", None)
+        assert data["load_point"].pop("sla_search") is None
         assert m.trial_id == sha256_json(data)
     assert all(BatchWork(b, b.trials).hardware_class is None for b in plan.batches), "no pin: any class, as before"
     # and naming targets changes the spec hash (it is a different experiment)
