@@ -1,10 +1,11 @@
 """SLA search: the highest request rate at which one engine config meets the spec's SLOs, found by
 bracketing and bisection, with an interval on the boundary instead of a point.
 
-Pure logic, no I/O: :func:`next_rates` takes the probes measured so far (rate -> the trial's
-metrics) and returns the rates of the next round, or none with the search's :class:`SlaOutcome`.
-The sweep (``coordinator.sweep.expand_sla_searches``) runs each round's rates as trials against one
-more server start; the benchmark (``benchmarks/search/sla.py``) drives the same function.
+Pure logic, no I/O: :func:`verdict` reads one probe (a trial at one rate) from its status and
+metrics; :func:`next_rates` takes every probe's verdict so far (rate -> verdict) and returns the
+rates of the next round, or none with the search's :class:`SlaOutcome`. The sweep
+(``coordinator.sla_search.expand_sla_searches``) runs each round's rates as trials against one more
+server start; the benchmark (``benchmarks/search/sla.py``) drives the same functions.
 
 Noise-aware verdicts. A probe **meets** the SLOs when, for every SLO, the upper end of the
 distribution-free 95% interval on its percentile (``SLOResult.ci_high_ms``: order statistics of the
@@ -111,6 +112,8 @@ def verdict(status: str, metrics: Mapping[str, Any] | None) -> Verdict:
     if str(metrics.get("stopped_early") or "").startswith(("over-saturation", "error budget")):
         return "misses"  # the queue kept growing, or requests kept failing: no steady state at this rate
     slos = metrics.get("slos") or []
+    if not slos:
+        return "unsure"  # no SLO was evaluated on this trial: nothing is shown either way
     n_req = int(metrics.get("n_requests") or 0)
     n_err = int(metrics.get("n_errors") or 0)
     if n_req == 0:

@@ -92,6 +92,7 @@ def test_a_probe_meets_misses_or_is_unsure_by_the_interval_not_the_point() -> No
     assert verdict("failed", None) == "misses", "a server that falls over under load offers no rate"
     assert verdict("ok", _metrics(300, 250, 400, stopped_early="over-saturation: in-flight grew")) == "misses"
     assert verdict("ok", _metrics(300, 250, 400, client_fell_behind=True)) == "invalid"
+    assert verdict("ok", {**_metrics(300, 250, 400), "slos": []}) == "unsure", "no SLO evaluated: nothing shown"
 
 
 # ---------------------------------------------------------------------------- rounds
