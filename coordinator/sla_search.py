@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,7 +27,7 @@ from coordinator.leases import BatchWork
 from coordinator.planning import needs_run
 from coordinator.store import Store
 from servetune.manifest import Plan, PlannedBatch, TrialManifest, sla_points, sweep_parent, swept_names
-from servetune.sla import SlaOutcome, Verdict, boundary, next_rates, search_range, verdict
+from servetune.sla import SlaOutcome, Verdict, boundary, combine_runs, next_rates, search_range, verdict
 from servetune.spec import ExperimentSpec, LoadPoint
 
 log = logging.getLogger(__name__)
@@ -122,34 +123,51 @@ def expand_sla_searches(store: Store, spec: ExperimentSpec, plan: Plan, spec_has
     return work
 
 
+def by_config(states: Iterable[SearchState]) -> dict[tuple[str, str, str | None], list[SearchState]]:
+    """The searches of each (engine config, SLA load point, hardware target), one per repeat (a run)."""
+    out: dict[tuple[str, str, str | None], list[SearchState]] = {}
+    for st in states:
+        out.setdefault((st.batch.config_id, st.parent, st.batch.hardware_target), []).append(st)
+    return out
+
+
 #: The SLA searches' answer, beside the dataset: ``runs/<name>/sla_search.json``.
 SLA_FILE = "sla_search.json"
 
 
+def _run_doc(st: SearchState) -> dict[str, Any]:
+    o = st.outcome
+    trial_of = {m.load_point.request_rate: m.trial_id for r in st.rounds for m in r}
+    return {"repeat": st.batch.trials[0].repeat if st.batch.trials else 0, "max_rate_at_slo_rps": o.lo,
+            "bracket_low_rps": o.lo if o.lo is not None else 0.0, "bracket_high_rps": o.hi,
+            "stopped": o.reason or "still searching", "non_monotone": o.non_monotone, "rounds": len(st.rounds),
+            "probes": [{"rate_rps": r, "verdict": v, "trial_id": trial_of.get(r)} for r, v in o.probes]}
+
+
 def write_sla_file(folder: Path, states: list[SearchState], spec: ExperimentSpec, spec_hash: str,
                    swept: list[str] | None) -> Path | None:
-    """``folder/sla_search.json`` (atomically: a temporary file, then ``os.replace``): per search the
-    engine config, the max rate at SLO, the boundary interval, why it stopped, and every rate probed
-    with its verdict and trial id. Rewritten whole at each sweep's end; None when there is no search."""
+    """``folder/sla_search.json`` (atomically: a temporary file, then ``os.replace``): per engine
+    config and SLA load point, its runs combined (:func:`servetune.sla.combine_runs`) and every run's
+    search: its bracket, why it stopped, every rate probed with its verdict and trial id. Rewritten
+    whole at each sweep's end; None when there is no search."""
     if not states:
         return None
     searches = []
-    for st in states:
-        o = st.outcome
-        trial_of = {m.load_point.request_rate: m.trial_id for r in st.rounds for m in r}
+    for (config_id, parent, target), runs in by_config(states).items():
+        combined = combine_runs([st.outcome for st in runs])
         searches.append({
-            "config_id": st.batch.config_id, "config_label": st.batch.config.label(swept), "load_point": st.parent,
-            "repeat": st.batch.trials[0].repeat if st.batch.trials else 0,
-            "hardware_target": st.batch.hardware_target,
-            "max_rate_at_slo_rps": o.lo, "boundary_low_rps": o.lo if o.lo is not None else 0.0,
-            "boundary_high_rps": o.hi, "stopped": o.reason or "still searching", "non_monotone": o.non_monotone,
-            "rounds": len(st.rounds),
-            "probes": [{"rate_rps": r, "verdict": v, "trial_id": trial_of.get(r)} for r, v in o.probes],
+            "config_id": config_id, "config_label": runs[0].batch.config.label(swept), "load_point": parent,
+            "hardware_target": target, "runs": len(runs), "met_in_every_run_rps": combined.met_in_every_run,
+            "boundary_estimate_rps": combined.estimate, "boundary_ci95_rps": (
+                [combined.low, combined.high] if combined.low is not None else None),
+            "summary": combined.describe(), "per_run": [_run_doc(st) for st in runs],
         })
     doc = {"spec_hash": spec_hash, "slos": [s.model_dump(mode="json") for s in spec.slos],
-           "meaning": "max_rate_at_slo_rps: the highest rate whose trial met every SLO with 95% confidence on each "
-                      "percentile, below every rate that missed (null: none met); the boundary lies in "
-                      "[boundary_low_rps, boundary_high_rps] (null high: no rate missed) if latency rises with rate",
+           "meaning": "per run: max_rate_at_slo_rps is the highest rate whose trial met every SLO with 95% "
+                      "confidence on each percentile, below every rate that missed (null: none met); that run's "
+                      "boundary lies in [bracket_low_rps, bracket_high_rps] if latency rises with rate. Over runs "
+                      "(repeats >= 2): boundary_ci95_rps is a 95% t-interval on the typical run's boundary; "
+                      "one run's bracket does not include run-to-run variation",
            "searches": searches}
     path = folder / SLA_FILE
     tmp = folder / f".{SLA_FILE}.{os.getpid()}.tmp"
@@ -163,9 +181,9 @@ def write_sla_file(folder: Path, states: list[SearchState], spec: ExperimentSpec
 
 def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, console: Console,
               retry_failed: bool = False, folder: Path | None = None) -> list[SearchState]:
-    """The SLA searches' table: per engine config and SLA load point, the max rate at SLO (the
-    highest rate measured meeting every SLO), the interval on the boundary and why the search
-    stopped, ranked by max rate at SLO. Nothing is recorded (``record=False``)."""
+    """The SLA searches' table: per engine config and SLA load point, the max rate at SLO met in
+    every run, each run's bracket and, over two or more runs (repeats), the 95% interval on the
+    boundary; ranked by the max rate met in every run. Nothing is recorded (``record=False``)."""
     states = search_states(store, spec, plan, spec_hash, retry_failed, record=False)
     if not states:
         return states
@@ -173,23 +191,33 @@ def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, co
     slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos)
     table = Table(title=escape(f"SLA search: max request rate meeting every SLO ({slo_text}), per engine config"))
     for col, justify in [("rank", "right"), ("engine config", "left"), ("load point", "left"),
-                         ("max rate at SLO", "right"), ("boundary in", "right"), ("trials", "right"),
-                         ("rounds", "right"), ("stopped", "left")]:
+                         ("max rate at SLO", "right"), ("each run's bracket", "right"),
+                         ("boundary, 95% over runs", "right"), ("trials", "right"), ("rounds", "right"),
+                         ("stopped", "left")]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    ordered = sorted(states, key=lambda st: -(st.outcome.lo or 0.0))
-    for rank, st in enumerate(ordered, start=1):
-        o = st.outcome
-        lo = f"{o.lo:g} req/s" if o.lo is not None else "none"
-        interval = f"[{o.lo or 0:g}, {o.hi:g}]" if o.hi is not None else f"[{o.lo or 0:g}, inf)"
-        why: str = o.reason or "still searching"
-        if o.non_monotone:
-            why += ", not monotone"
-        table.add_row(str(rank), st.batch.config.label(swept), st.parent, lo, interval,
-                      str(sum(len(r) for r in st.rounds)), str(len(st.rounds)), why)
+    groups = by_config(states)
+    combined = {key: combine_runs([st.outcome for st in runs]) for key, runs in groups.items()}
+    ordered = sorted(groups, key=lambda k: -(combined[k].met_in_every_run or 0.0))
+    one_run = False
+    for rank, key in enumerate(ordered, start=1):
+        runs, c = groups[key], combined[key]
+        brackets = ", ".join(f"[{st.outcome.lo or 0:g}, {st.outcome.hi:g}]" if st.outcome.hi is not None
+                             else f"[{st.outcome.lo or 0:g}, inf)" for st in runs)
+        over = f"{c.estimate:.3g} [{c.low:.3g}, {c.high:.3g}]" if c.low is not None and c.estimate is not None else "-"
+        one_run = one_run or len(runs) == 1
+        why = ", ".join(dict.fromkeys((st.outcome.reason or "still searching")
+                                      + (", not monotone" if st.outcome.non_monotone else "") for st in runs))
+        label = runs[0].batch.config.label(swept) + (f" @{key[2]}" if key[2] else "")
+        table.add_row(str(rank), label, key[1],
+                      f"{c.met_in_every_run:g} req/s" if c.met_in_every_run is not None else "none", brackets, over,
+                      str(sum(len(r) for st in runs for r in st.rounds)), str(sum(len(st.rounds) for st in runs)), why)
     console.print(table)
     console.print("max rate at SLO: the highest rate whose trial met every SLO with 95% confidence on each "
-                  "percentile, below every rate that missed; the true boundary lies in the interval if latency "
-                  "rises with rate (servetune.sla)")
+                  "percentile, below every rate that missed, in every run; a run's bracket holds that run's "
+                  "boundary if latency rises with rate (servetune.sla)")
+    if one_run:
+        console.print("caveat: one run per config: a server start's own speed moves the boundary from run to run, "
+                      "and one run's bracket cannot show by how much; `repeats: 3` gives an interval over runs")
     if folder is not None:
         try:
             console.print(f"SLA searches: {write_sla_file(folder, states, spec, spec_hash, swept)}")

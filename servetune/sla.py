@@ -249,3 +249,56 @@ def _fresh(rates: Sequence[float], probes: Mapping[float, Verdict],
     return new, state
 
 
+#: Student t quantiles t(0.975, df) for df = 1..30 (above: 2.0, a little above the normal's 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (``df >= 1``)."""
+    return _T975[df - 1] if df <= len(_T975) else 2.0
+
+
+@dataclass(frozen=True)
+class RunsSummary:
+    """One engine config's SLA searches over independent runs (the spec's ``repeats``: each repeat its
+    own server starts, its own search), combined.
+
+    One run's bracket ``[lo, hi]`` holds only that run's boundary: a server start's own speed (clocks,
+    placement, warm state) moves it from run to run, and no interval from one run can see that.
+    Over two or more runs whose searches bracketed the boundary, ``low``/``high`` is a 95% t-interval
+    on the typical run's boundary (the geometric mean of the brackets' midpoints, in log rate), its
+    spread the runs' scatter plus each bracket's own width (uniform within it, added: conservative).
+    ``met_in_every_run`` is the lowest ``lo``: a rate some trial of every run met."""
+
+    runs: int
+    bracketed: int
+    estimate: float | None
+    low: float | None
+    high: float | None
+    met_in_every_run: float | None
+
+    def describe(self) -> str:
+        if self.low is None or self.high is None or self.estimate is None:
+            why = ("one run: its bracket holds that run's boundary only (run-to-run variation is not measured; "
+                   "repeats >= 2 give an interval on the boundary)" if self.runs == 1 else
+                   f"{self.bracketed} of {self.runs} runs bracketed the boundary: no interval over runs")
+            return why
+        return (f"typical run's boundary {self.estimate:.3g} req/s, 95% interval [{self.low:.3g}, {self.high:.3g}] "
+                f"over {self.bracketed} runs")
+
+
+def combine_runs(outcomes: Sequence[SlaOutcome]) -> RunsSummary:
+    """:class:`RunsSummary` of the searches of one config over independent runs."""
+    both = [(o.lo, o.hi) for o in outcomes if o.lo is not None and o.hi is not None]
+    los = [o.lo for o in outcomes]
+    every = min(x for x in los if x is not None) if los and all(x is not None for x in los) else None
+    if len(both) < 2:
+        return RunsSummary(len(outcomes), len(both), None, None, None, every)
+    mids = [0.5 * (math.log(lo) + math.log(hi)) for lo, hi in both]
+    widths = [math.log(hi) - math.log(lo) for lo, hi in both]
+    r = len(mids)
+    mean = sum(mids) / r
+    var = sum((m - mean) ** 2 for m in mids) / (r - 1) + sum(w * w for w in widths) / (12 * r)
+    half = t975(r - 1) * math.sqrt(var / r)
+    return RunsSummary(len(outcomes), r, math.exp(mean), math.exp(mean - half), math.exp(mean + half), every)

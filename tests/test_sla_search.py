@@ -24,7 +24,17 @@ from coordinator.store import Store
 from servetune.errors import SpecError
 from servetune.metrics import summary_dict
 from servetune.result import RequestSample
-from servetune.sla import Verdict, first_rates, next_rates, quantile_ci, quantile_ci_ranks, search_range, verdict
+from servetune.sla import (
+    SlaOutcome,
+    Verdict,
+    combine_runs,
+    first_rates,
+    next_rates,
+    quantile_ci,
+    quantile_ci_ranks,
+    search_range,
+    verdict,
+)
 from servetune.spec import SLO, parse_spec, requests_to_confirm
 from tests.conftest import cli_env, coordinator_cmd
 
@@ -169,6 +179,35 @@ def test_a_pass_above_a_miss_is_reported_not_hidden() -> None:
         assert outcome.non_monotone and "not monotone" in outcome.describe()
 
 
+# ---------------------------------------------------------------------------- runs combined
+
+
+def test_the_interval_over_runs_covers_the_typical_runs_boundary_at_its_rate() -> None:
+    """Each run's boundary is the typical one moved by the run's own speed (lognormal, 3-8%); its
+    search brackets it within 5-10%. The t-interval over 2, 3 or 5 runs covers the typical boundary
+    at least 95% of the time (it adds each bracket's width: conservative), one run gives none."""
+    rng = random.Random(11)
+    for runs in (2, 3, 5):
+        for sigma in (0.03, 0.08):
+            covered, n = 0, 600
+            for _ in range(n):
+                outcomes = []
+                for _ in range(runs):
+                    b = 10.0 * math.exp(rng.gauss(0, sigma))
+                    width = rng.uniform(0.02, 0.1)
+                    lo = b * math.exp(-width * rng.random())
+                    outcomes.append(SlaOutcome(lo=lo, hi=lo * math.exp(width), reason="resolved"))
+                c = combine_runs(outcomes)
+                assert c.low is not None and c.high is not None and c.low < c.estimate < c.high  # type: ignore[operator]
+                assert c.met_in_every_run == min(o.lo for o in outcomes if o.lo is not None)
+                covered += c.low <= 10.0 <= c.high
+            assert 0.95 <= covered / n <= 1.0, (runs, sigma, covered / n)
+    one = combine_runs([SlaOutcome(lo=9.0, hi=10.0, reason="resolved")])
+    assert one.low is None and "one run" in one.describe()
+    open_ended = combine_runs([SlaOutcome(lo=9.0, hi=10.0, reason="resolved"), SlaOutcome(lo=None, hi=3.0, reason="none_meets")])
+    assert open_ended.low is None and open_ended.met_in_every_run is None and "1 of 2 runs" in open_ended.describe()
+
+
 # ---------------------------------------------------------------------------- the spec
 
 SPEC = textwrap.dedent(
@@ -242,12 +281,16 @@ def test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer(tmp_path
         assert o.lo is not None and o.hi is not None and o.lo < o.hi
         assert any(v == "meets" and r == o.lo for r, v in o.probes) and any(v == "misses" and r == o.hi for r, v in o.probes)
     doc = json.loads((root / "slasweep" / "sla_search.json").read_text())
-    by_config = {d["config_label"]: d for d in doc["searches"]}
+    by_label = {d["config_label"]: d for d in doc["searches"]}
     for st in states:
-        d = by_config[st.batch.config.label(["max_num_seqs"])]
-        assert d["max_rate_at_slo_rps"] == st.outcome.lo and d["boundary_high_rps"] == st.outcome.hi
-        assert d["stopped"] == st.outcome.reason and d["rounds"] == len(st.rounds)
-        assert {p["trial_id"] for p in d["probes"]} == {m.trial_id for r in st.rounds for m in r}
+        d = by_label[st.batch.config.label(["max_num_seqs"])]
+        assert d["runs"] == 1 and d["boundary_ci95_rps"] is None and "one run" in d["summary"]
+        run = d["per_run"][0]
+        assert run["max_rate_at_slo_rps"] == st.outcome.lo == d["met_in_every_run_rps"]
+        assert run["bracket_high_rps"] == st.outcome.hi
+        assert run["stopped"] == st.outcome.reason and run["rounds"] == len(st.rounds)
+        assert {p["trial_id"] for p in run["probes"]} == {m.trial_id for r in st.rounds for m in r}
+    assert "caveat: one run per config" in " ".join(first.stdout.split())
     # one server start per round: every round's trials ran in one batch of their own
     conn = sqlite3.connect(root / "slasweep" / "experiment.sqlite")
     rows = conn.execute("SELECT s.batch_index, a.batch_id FROM spec_trials s JOIN attempts a ON a.trial_id=s.trial_id "
