@@ -163,8 +163,8 @@ def write_sla_file(folder: Path, states: list[SearchState], spec: ExperimentSpec
             "summary": combined.describe(), "per_run": [_run_doc(st) for st in runs],
         })
     doc = {"spec_hash": spec_hash, "slos": [s.model_dump(mode="json") for s in spec.slos],
-           "meaning": "per run: max_rate_at_slo_rps is the highest rate whose trial met every SLO with 95% "
-                      "confidence on each percentile, below every rate that missed (null: none met); that run's "
+           "meaning": "per run: max_rate_at_slo_rps is the highest rate whose trial met every SLO beyond the "
+                      "sampling error of each percentile, below every rate that missed (null: none met); that run's "
                       "boundary lies in [bracket_low_rps, bracket_high_rps] if latency rises with rate. Over runs "
                       "(repeats >= 2): boundary_ci95_rps is a 95% t-interval on the typical run's boundary; "
                       "one run's bracket does not include run-to-run variation",
@@ -212,7 +212,7 @@ def print_sla(store: Store, spec: ExperimentSpec, plan: Plan, spec_hash: str, co
                       f"{c.met_in_every_run:g} req/s" if c.met_in_every_run is not None else "none", brackets, over,
                       str(sum(len(r) for st in runs for r in st.rounds)), str(sum(len(st.rounds) for st in runs)), why)
     console.print(table)
-    console.print("max rate at SLO: the highest rate whose trial met every SLO with 95% confidence on each "
+    console.print("max rate at SLO: the highest rate whose trial met every SLO beyond the sampling error of each "
                   "percentile, below every rate that missed, in every run; a run's bracket holds that run's "
                   "boundary if latency rises with rate (servetune.sla)")
     if one_run:

@@ -70,10 +70,14 @@ class SLOResult(BaseModel):
     max_ms: float
     value_ms: float | None
     met: bool
-    ci_low_ms: float | None = Field(None, description="95% distribution-free interval on the percentile (order "
-                                    "statistics, binomial ranks; requests as independent draws): low end; None: "
-                                    "too few requests to bound it, or recorded before the interval existed")
-    ci_high_ms: float | None = Field(None, description="its high end (None: too few requests, e.g. p99 under 368)")
+    rank_low_ms: float | None = Field(None, description="this trial's sampling error on the percentile, low end: "
+                                      "the latency at the binomial rank that would bound it from below 97.5% of the "
+                                      "time if requests were independent draws. Sampling error only, NOT an interval "
+                                      "on what another run would measure: run-to-run speed, the realised arrival "
+                                      "rate and queueing correlation are not in it (on the simulator, trial-to-trial "
+                                      "spread was 10-30x its half-width). None: too few requests, or recorded "
+                                      "before it existed")
+    rank_high_ms: float | None = Field(None, description="its high end (None: too few requests, e.g. p99 under 368)")
 
 
 class TrialMetrics(BaseModel):
@@ -279,8 +283,8 @@ def _slo_result(slo: SLO, values: Sequence[float]) -> dict[str, Any]:
         "max_ms": float(slo.max_ms),
         "value_ms": _float_or_none(_finite(value)),
         "met": bool(xs) and value <= slo.max_ms,
-        "ci_low_ms": _finite(xs[lo - 1]) if lo is not None else None,
-        "ci_high_ms": _finite(xs[hi - 1]) if hi is not None else None,
+        "rank_low_ms": _finite(xs[lo - 1]) if lo is not None else None,
+        "rank_high_ms": _finite(xs[hi - 1]) if hi is not None else None,
     }
 
 

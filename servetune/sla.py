@@ -7,16 +7,20 @@ rates of the next round, or none with the search's :class:`SlaOutcome`. The swee
 (``coordinator.sla_search.expand_sla_searches``) runs each round's rates as trials against one more
 server start; the benchmark (``benchmarks/search/sla.py``) drives the same functions.
 
-Noise-aware verdicts. A probe **meets** the SLOs when, for every SLO, the upper end of the
-distribution-free 95% interval on its percentile (``SLOResult.ci_high_ms``: order statistics of the
-request latencies, binomial ranks) is within the bound; it **misses** them when, for some SLO, the
-lower end is above the bound, more requests failed than the percentile allows, or the trial failed
-as a measurement (a server that falls over under load has no rate to offer). Otherwise the probe is
-**unsure**: the bound lies inside the sampling uncertainty of its percentile at that rate. A probe
-whose load generator fell behind (it did not offer the rate) is **invalid** and caps the search.
+Verdicts. A probe **meets** the SLOs when, for every SLO, even the high end of its percentile's
+sampling error (``SLOResult.rank_high_ms``: the latency at the binomial rank that would bound the
+percentile 97.5% of the time if the trial's requests were independent draws) is within the bound;
+it **misses** them when, for some SLO, the low end is above the bound, more requests failed than the
+percentile allows, or the trial failed as a measurement (a server that falls over under load has no
+rate to offer). Otherwise the probe is **unsure**: the bound lies inside this trial's sampling
+error. A probe whose load generator fell behind (it did not offer the rate) is **invalid** and caps
+the search. The sampling error is a floor on the uncertainty, not a confidence level: run-to-run
+speed, the realised arrival rate and queueing correlation move a trial's percentile by far more
+(10-30x its half-width on the simulator), so one run's verdicts, and its bracket, say nothing
+about another run. :func:`combine_runs` puts an interval on the boundary from independent runs.
 
-The boundary interval is ``[lo, hi]``: ``lo`` the highest rate that met the SLOs below every rate
-that missed them (the trial-backed "max rate at SLO"), ``hi`` the lowest rate that missed them.
+One run's bracket is ``[lo, hi]``: ``lo`` the highest rate that met the SLOs below every rate that
+missed them (that run's trial-backed "max rate at SLO"), ``hi`` the lowest rate that missed them.
 Unsure probes lie between. The search stops when ``hi / lo - 1 <= rel_tol`` (``resolved``), when
 every gap left between probed rates inside the interval is that narrow but unsure probes keep it
 wide (``noise``: more requests per probe would narrow it), when the round budget is spent
@@ -26,10 +30,9 @@ range widened :data:`WIDEN` times each way (within :data:`MIN_RPS` and :data:`MA
 never schedules a rate (and a trial length) far from what its spec asked for.
 
 Assumptions, stated where they bite: latency percentiles rise with the offered rate (a probe that
-meets the SLOs above one that misses them is reported as ``non_monotone``), and request latencies
-within a trial are treated as independent draws for the interval on each percentile (queueing
-correlates them, and trial-to-trial drift is not in that interval): ``benchmarks/search`` measures
-how often the boundary interval covers the simulator's truth.
+meets the SLOs above one that misses them is reported as ``non_monotone``), and independent runs
+scatter around a typical one (what :func:`combine_runs`' t-interval covers): ``benchmarks/search/sla.py``
+measures how often it covers the simulator's truth.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def verdict(status: str, metrics: Mapping[str, Any] | None) -> Verdict:
             return "misses"
         if n_err:
             unsure = True  # failed requests sit above the bound: the percentile of all requests is higher
-        low, high = s.get("ci_low_ms"), s.get("ci_high_ms")
+        low, high = s.get("rank_low_ms"), s.get("rank_high_ms")
         if low is not None and low > s["max_ms"]:
             return "misses"
         if high is None or high > s["max_ms"]:

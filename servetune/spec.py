@@ -437,8 +437,8 @@ class RateSweep(StrictModel):
 
 
 def requests_to_confirm(percentile: float) -> int:
-    """The fewest requests whose latencies can put the upper end of a 95% interval on the
-    ``percentile`` (in (0, 100]) below the maximum: ``q^n <= 2.5%`` (:func:`servetune.sla.quantile_ci_ranks`)."""
+    """The fewest requests whose latencies can bound the ``percentile`` (in (0, 100]) from above
+    below their maximum: ``q^n <= 2.5%`` (:func:`servetune.sla.quantile_ci_ranks`)."""
     q = percentile / 100.0
     if q >= 1.0:
         return 10**9  # p100 is never bounded by a sample
@@ -1050,15 +1050,15 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                 if top < need:
                     issues.append(SpecIssue(f"load_points[{i}].duration_s", (
                         f"duration_s {lp.duration_s:g} at max_rps {lp.sla_search.max_rps:g} sends about {top:.0f} "
-                        f"requests, too few to show {slo.metric} p{slo.percentile:g} within its bound with 95% "
-                        f"confidence (that takes at least {need}): lengthen duration_s or set num_requests")))
+                        f"requests, too few to show {slo.metric} p{slo.percentile:g} within its bound beyond its "
+                        f"sampling error (that takes at least {need}): lengthen duration_s or set num_requests")))
         if lp.sla_search is not None and lp.num_requests is not None:
             for slo in spec.slos:
                 need = requests_to_confirm(slo.percentile)
                 if lp.num_requests < need:
                     issues.append(SpecIssue(f"load_points[{i}].num_requests", (
                         f"{lp.num_requests} requests per rate cannot show {slo.metric} p{slo.percentile:g} within "
-                        f"its bound with 95% confidence (that takes at least {need}): an SLA search would never "
+                        f"its bound beyond its sampling error (that takes at least {need}): an SLA search would never "
                         f"find a rate that meets it; raise num_requests to {need} or more")))
         if lp.sla_search is not None and not spec.restart_per_repeat:
             issues.append(SpecIssue(f"load_points[{i}].sla_search", "restart_per_repeat: false runs a config's "

@@ -73,12 +73,12 @@ def test_trial_metrics_carry_the_interval_around_the_percentile() -> None:
     samples = [_sample(i, 100.0 + i) for i in range(400)]
     m = summary_dict(samples, 400.0, [SLO(metric="ttft_ms", percentile=99, max_ms=600)])
     s = m["slos"][0]
-    assert s["ci_low_ms"] <= s["value_ms"] <= s["ci_high_ms"]
+    assert s["rank_low_ms"] <= s["value_ms"] <= s["rank_high_ms"]
     lo, hi = quantile_ci_ranks(400, 0.99)
     assert lo is not None and hi is not None and lo < 396 < hi  # p99 of 400 sits between ranks 396 and 397
-    assert s["ci_low_ms"] == pytest.approx(100.0 + lo - 1) and s["ci_high_ms"] == pytest.approx(100.0 + hi - 1)
+    assert s["rank_low_ms"] == pytest.approx(100.0 + lo - 1) and s["rank_high_ms"] == pytest.approx(100.0 + hi - 1)
     few = summary_dict(samples[:100], 100.0, [SLO(metric="ttft_ms", percentile=99, max_ms=600)])
-    assert few["slos"][0]["ci_high_ms"] is None  # 100 requests cannot bound p99 from above
+    assert few["slos"][0]["rank_high_ms"] is None  # 100 requests cannot bound p99 from above
 
 
 # ---------------------------------------------------------------------------- one probe's verdict
@@ -88,7 +88,7 @@ def _metrics(value: float, lo: float | None, hi: float | None, *, n: int = 400, 
              **extra: Any) -> dict[str, Any]:
     return {"n_requests": n, "n_errors": errors, "client_fell_behind": False, "stopped_early": None,
             "slos": [{"metric": "ttft_ms", "percentile": 99.0, "max_ms": 500.0, "value_ms": value, "met": value <= 500,
-                      "ci_low_ms": lo, "ci_high_ms": hi}], **extra}
+                      "rank_low_ms": lo, "rank_high_ms": hi}], **extra}
 
 
 def test_a_probe_meets_misses_or_is_unsure_by_the_interval_not_the_point() -> None:
