@@ -127,14 +127,15 @@ def run_trial(surface: Surface, server: SimServer, lp: LoadPoint, noise_seed: in
 class Truth:
     """The pooled-percentile truth of one config (evaluations memoized and cached on disk)."""
 
-    def __init__(self, surface: Surface, config: EngineConfig, server: SimServer, cache: Path | None):
-        self.surface, self.config, self.server = surface, config, server
+    def __init__(self, surface: Surface, config: EngineConfig, server: SimServer, cache: Path | None,
+                 draws: int = TRUTH_DRAWS):
+        self.surface, self.config, self.server, self.draws = surface, config, server, draws
         self.evals: dict[float, list[float]] = {}  # rate -> pooled percentile per SLO
         self.r_star: float | None = None
         self.bracket: tuple[float | None, float | None] = (None, None)
         spec_key = hashlib.sha256(json.dumps(surface.spec.model_dump(mode="json"), sort_keys=True).encode())
         self.file = None if cache is None else cache / (
-            f"{surface.name}-{config.config_id[:16]}-N{surface.n_requests}-K{TRUTH_DRAWS}-"
+            f"{surface.name}-{config.config_id[:16]}-N{surface.n_requests}-K{draws}-"
             f"{spec_key.hexdigest()[:8]}.json")
         if self.file is not None and self.file.exists():
             d = json.loads(self.file.read_text())
@@ -145,7 +146,7 @@ class Truth:
     def pooled(self, rate: float) -> list[float]:
         if rate not in self.evals:
             pools: list[list[float]] = [[] for _ in self.surface.spec.slos]
-            for j in range(TRUTH_DRAWS):
+            for j in range(self.draws):
                 lp = _lp(self.surface, rate=rate, n=self.surface.n_requests, seed=10_000 + j)
                 t = run_trial(self.surface, self.server, lp, 10_000 + j)
                 for x in t.samples:
@@ -292,10 +293,53 @@ def auto_tune(surface: Surface, config: EngineConfig, server: SimServer, seed: i
                   probes=probes)
 
 
+# --- the verdict's interval, checked -----------------------------------------------------------------
+
+def ci_check(surface: Surface, config: EngineConfig, server: SimServer, r_star: float, trials: int,
+             factors: Sequence[float] = (0.9, 1.0, 1.05, 1.1)) -> list[dict[str, Any]]:
+    """At ``factor x r*``, ``trials`` noisy trials: per SLO, how often a trial's 95% interval on its
+    percentile (``ci_low_ms``..``ci_high_ms``, what :func:`servetune.sla.verdict` reads) holds the
+    percentile of the latencies pooled over all the trials, the trial-to-trial sd of the percentile
+    against the interval's mean half-width, and the verdicts."""
+    rows = []
+    for f in factors:
+        rate = r_star * f
+        pools: list[list[float]] = [[] for _ in surface.spec.slos]
+        ms: list[dict[str, Any]] = []
+        verdicts: dict[str, int] = {}
+        for k in range(trials):
+            sd = _seed("ci-check", k, config.config_id, repr(rate))
+            t = run_trial(surface, server, _lp(surface, rate=rate, n=surface.n_requests, seed=sd), sd)
+            ms.append(t.metrics)
+            v = verdict("ok", t.metrics)
+            verdicts[v] = verdicts.get(v, 0) + 1
+            for x in t.samples:
+                if x.warmup:
+                    continue
+                lat = per_request_latencies(x) if x.error is None else {}
+                for i, slo in enumerate(surface.spec.slos):
+                    val = lat.get(slo.metric) if x.error is None else math.inf
+                    if val is not None:
+                        pools[i].append(val)
+        for i, slo in enumerate(surface.spec.slos):
+            pooled = quantile(pools[i], slo.percentile / 100)
+            res = [m["slos"][i] for m in ms]
+            pairs = [(r["ci_low_ms"], r["ci_high_ms"]) for r in res
+                     if r["ci_low_ms"] is not None and r["ci_high_ms"] is not None]
+            rows.append({
+                "factor": f, "rate": rate, "slo": f"{slo.metric} p{slo.percentile:g} <= {slo.max_ms:g} ms",
+                "pooled_ms": pooled, "trials": trials,
+                "ci_covers": sum(a <= pooled <= b for a, b in pairs),
+                "sd_ms": statistics.stdev([r["value_ms"] for r in res]) if trials > 1 else None,
+                "ci_half_width_ms": statistics.mean((b - a) / 2 for a, b in pairs) if pairs else None,
+                "verdicts": verdicts})
+    return rows
+
+
 # --- driver -------------------------------------------------------------------------------------------
 
-def pick_configs(surface: Surface, k: int, cache: Path | None) -> tuple[list[tuple[EngineConfig, SimServer, float]],
-                                                                      list[dict[str, Any]]]:
+def pick_configs(surface: Surface, k: int, cache: Path | None, draws: int = TRUTH_DRAWS
+                 ) -> tuple[list[tuple[EngineConfig, SimServer, float]], list[dict[str, Any]]]:
     """``k`` configs that start and have a finite boundary, in a seeded random order of the grid; the
     configs skipped on the way (no start, or no finite boundary)."""
     configs = [EngineConfig(args=a, env=e) for a, e in surface.spec.engine.expand()]
@@ -312,7 +356,7 @@ def pick_configs(surface: Surface, k: int, cache: Path | None) -> tuple[list[tup
             skipped.append({"config_id": c.config_id, "why": "does not start"})
             continue
         t0 = time.perf_counter()
-        truth = Truth(surface, c, server, cache)
+        truth = Truth(surface, c, server, cache, draws)
         r = truth.solve()
         if r is None:
             lo, hi = truth.bracket
@@ -321,7 +365,7 @@ def pick_configs(surface: Surface, k: int, cache: Path | None) -> tuple[list[tup
             log(f"  {surface.name}: skip {c.label()} ({why}) [{time.perf_counter() - t0:.1f}s]")
             continue
         log(f"  {surface.name}: truth r*={r:.4g} req/s for {c.label()} ({len(truth.evals)} rates x "
-            f"{TRUTH_DRAWS} draws) [{time.perf_counter() - t0:.1f}s]")
+            f"{draws} draws) [{time.perf_counter() - t0:.1f}s]")
         picked.append((c, server, r))
     return picked, skipped
 
@@ -368,7 +412,7 @@ def _f(x: Any, fmt: str = "{:.0f}") -> str:
 def markdown(report: dict[str, Any]) -> str:
     lines = ["# SLA search vs auto_tune.sh linear descent (SIMULATED)", "",
              f"Per surface: {report['configs']} engine configs x {report['seeds']} seeds; open-loop Poisson probes of "
-             f"N requests; truth r* = boundary of the percentile pooled over {TRUTH_DRAWS} noisy draws (0.5% "
+             f"N requests; truth r* = boundary of the percentile pooled over {report['truth_draws']} noisy draws (0.5% "
              "bisection). Ours: servetune.sla, first round 0.5..64 req/s, 3 rates/round, rel_tol 0.05, <= 8 rounds; "
              "answer = lo. auto_tune: 1 start, rate-inf run of 1000 prompts, then int(throughput)+1 down by 1 req/s, "
              "100 prompts + 5 s sleep per step. Medians over configs x seeds.", "",
@@ -392,12 +436,25 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{o.get('reasons')}; lo > r* in {o.get('lo_above_rstar')}, hi < r* in {o.get('hi_below_rstar')} "
                      f"cases; non-monotone {o.get('non_monotone')}. auto_tune answered inf {a.get('answers_inf')}, "
                      f"0 {a.get('answers_zero')} times; cases with r* < 20 req/s: {a.get('rstar_under_20')}.")
+    checks = [(s["surface"], c) for s in report["surfaces"] for c in s.get("ci_check") or []]
+    if checks:
+        lines += ["", "The verdict's 95% interval on a percentile, checked (each surface's first config, noisy trials "
+                  "at factor x r*; pooled = the percentile of all their latencies together):", "",
+                  "| surface | rate / r* | SLO | pooled | trial-to-trial sd | mean CI half-width | CI holds pooled | "
+                  "verdicts |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, c in checks:
+            v = ", ".join(f"{k} {n}" for k, n in sorted(c["verdicts"].items()))
+            lines.append(f"| {name} | {c['factor']:.2f} | {c['slo']} | {c['pooled_ms']:.4g} | {_f(c['sd_ms'], '{:.3g}')} | "
+                         f"{_f(c['ci_half_width_ms'], '{:.3g}')} | {c['ci_covers']}/{c['trials']} | {v} |")
     lines += ["", "Notes:", "",
               "- auto_tune steps by 1 req/s, so it cannot land within 5% of r* when r* < 20 req/s unless the step "
               "happens to fall there; and it judges each step by the measured percentile of 100 prompts: its p99 is "
               "interpolated between the two slowest requests, with no allowance for sampling noise.",
               "- Ours answers lo, the highest probed rate whose 95% interval on each percentile is within the bound "
-              "(conservative by design); coverage = lo <= r* <= hi.",
+              "(meant to be conservative); coverage = lo <= r* <= hi.",
+              "- The truth is itself noisy: K pooled draws of N requests still carry the trial-to-trial variation of "
+              "the percentile (roughly its sd / sqrt(K)), so r* is known to a few percent, not to the bisection's 0.5%; "
+              "compare runs with --truth-draws.",
               "- SIMULATED: servetune.sim with noise on; GPU-seconds per the sweep preview's cost model "
               "(server start + trial span + per-trial overhead, times tensor_parallel_size).", ""]
     return "\n".join(lines)
@@ -408,6 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--surfaces", default="all", help="all, or comma-separated names: " + ", ".join(SURFACES))
     ap.add_argument("--configs", type=int, default=4, help="engine configs per surface")
     ap.add_argument("--seeds", type=int, default=10, help="noise seeds per config and method")
+    ap.add_argument("--truth-draws", type=int, default=TRUTH_DRAWS, help="K: noisy draws pooled per truth rate")
+    ap.add_argument("--ci-check", type=int, default=0, metavar="TRIALS",
+                    help="also check the verdict's interval: TRIALS trials at 0.9..1.1 x r* of each surface's first config")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="truth cache folder")
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--out", type=Path, help="write every case and the summary as JSON")
@@ -419,11 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"unknown surface {n!r}")
     cache = None if args.no_cache else args.cache
     t_all = time.perf_counter()
-    report: dict[str, Any] = {"configs": args.configs, "seeds": args.seeds, "surfaces": []}
+    report: dict[str, Any] = {"configs": args.configs, "seeds": args.seeds, "truth_draws": args.truth_draws,
+                              "surfaces": []}
     for name in names:
         t0 = time.perf_counter()
         surface = open_loop_surface(name)
-        picked, skipped = pick_configs(surface, args.configs, cache)
+        picked, skipped = pick_configs(surface, args.configs, cache, args.truth_draws)
         results: dict[str, list[Result]] = {"sla-search": [], "auto_tune": []}
         for c, server, r_star in picked:
             t1 = time.perf_counter()
@@ -435,12 +496,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"covered {sum(bool(r.covered) for r in ours)}/{args.seeds} trials~{_median([r.trials for r in ours])}"
                 f"; auto_tune within5 {sum(r.within5 for r in at)}/{args.seeds} "
                 f"trials~{_median([r.trials for r in at])} [{time.perf_counter() - t1:.1f}s]")
+        checks = ci_check(surface, picked[0][0], picked[0][1], picked[0][2], args.ci_check) \
+            if args.ci_check and picked else []
         report["surfaces"].append({
             "surface": name, "n_requests": surface.n_requests, "skipped": skipped,
             "r_star": [r for _, _, r in picked], "configs": [c.label() for c, _, _ in picked],
             "summary": {m: summarize(rs) for m, rs in results.items()},
             "cases": {m: [asdict(r) for r in rs] for m, rs in results.items()},
-            "wall_s": time.perf_counter() - t0})
+            "ci_check": checks, "wall_s": time.perf_counter() - t0})
         log(f"{name}: done in {time.perf_counter() - t0:.1f}s")
     report["wall_s"] = time.perf_counter() - t_all
     md = markdown(report)
