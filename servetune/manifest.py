@@ -479,7 +479,7 @@ def _sla_notes(spec: ExperimentSpec) -> list[str]:
         if lp.sla_search is not None:
             s = lp.sla_search
             n0 = len(first_rates(s.min_rps, s.max_rps, s.rates_per_round))
-            out.append(f"SLA search {lp.name!r}: {n0} rate(s) planned per engine config; up to {s.max_rounds - 1} "
+            out.append(f"SLA search {lp.name!r}: {n0} rate(s) planned per engine config and repeat; up to {s.max_rounds - 1} "
                        f"more round(s) of up to {s.rates_per_round} rate(s), one server start each, are decided "
                        "as results arrive (not in this estimate)")
     return out
