@@ -422,6 +422,49 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            stdout, stderr = proc.communicate()\n",
         ("tests/test_engine_args.py::test_failing_or_hanging_vllm_gives_no_answer_and_says_why",),
     ),
+    # ---------------------------------------------------------------- SLA search (servetune.sla)
+    Mutation(
+        "sla-verdict-by-point", "an SLA probe meets only when even its percentile's high rank bound is within the bound",
+        "servetune/sla.py",
+        '        if high is None or high > s["max_ms"]:\n',
+        '        if s["value_ms"] > s["max_ms"]:\n',
+        ("tests/test_sla_search.py::test_a_probe_meets_misses_or_is_unsure_by_the_interval_not_the_point",),
+    ),
+    Mutation(
+        "sla-never-resolves", "a search stops once its bracket is within rel_tol",
+        "servetune/sla.py",
+        "    if lo is not None and hi is not None and hi <= lo * (1 + rel_tol):\n",
+        "    if False:\n",
+        ("tests/test_sla_search.py::test_bracketing_and_bisection_resolve_the_boundary_within_tolerance",),
+    ),
+    Mutation(
+        "sla-runs-normal-not-t", "the interval over runs uses Student's t for its few runs",
+        "servetune/sla.py",
+        "    half = t975(r - 1) * math.sqrt(var / r)\n",
+        "    half = 1.96 * math.sqrt(var / r)\n",
+        ("tests/test_sla_search.py::test_the_interval_over_runs_covers_the_typical_runs_boundary_at_its_rate",),
+    ),
+    Mutation(
+        "sla-no-next-round-on-result", "a finished round queues the next one",
+        "coordinator/sweep.py",
+        '        if DERIVED_MARK in manifest.load_point.name and (status == "ok" or kind != "transport"):\n',
+        "        if False:\n",
+        ("tests/test_sla_search.py::test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer",),
+    ),
+    Mutation(
+        "sla-resume-skips-open-rounds", "a resumed sweep runs the rounds an earlier one recorded and did not finish",
+        "coordinator/sweep.py",
+        "        followups += expand_sla_searches(store, self.spec, self.plan, self.spec_hash, self.opts.retry_failed)\n",
+        "        pass\n",
+        ("tests/test_sla_search.py::test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer",),
+    ),
+    Mutation(
+        "sla-too-few-requests-accepted", "a num_requests too small to show a percentile within its bound is refused",
+        "servetune/spec.py",
+        "                if lp.num_requests < need:\n",
+        "                if False:\n",
+        ("tests/test_sla_search.py::test_the_spec_rules_name_the_key",),
+    ),
 )
 
 
