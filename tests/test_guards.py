@@ -67,6 +67,8 @@ _LOAD_POINTS: dict[str, dict[str, Any]] = {
                "rate_sweep": None, "stop": {"max_errors": 3, "over_saturation": True}},
     "rate_sweep": {"name": "lp", "rate_sweep": {"num_rates": 3, "max_concurrency": 16}, "num_requests": 10,
                    "endpoint": "chat"},
+    "sla_search": {"name": "lp", "sla_search": {"min_rps": 1.0, "max_rps": 8.0, "rates_per_round": 3, "rel_tol": 0.05,
+                                                "max_rounds": 6}, "num_requests": 400},
 }
 #: Leaves deliberately left out of the id (see TrialManifest.trial_id): where the file lies on this node.
 _NOT_HASHED = {("load_point", "dataset", "path")}
