@@ -16,6 +16,7 @@ from coordinator.commands import recommend as recommend_cmd
 from coordinator.commands import report as report_cmd
 from coordinator.commands import sweep as sweep_cmd
 from coordinator.commands import validate as validate_cmd
+from servetune.keys import shield_key_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(shield_key_args(sys.argv[1:] if argv is None else argv))
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     code: int = args.func(args)

@@ -60,6 +60,7 @@ from servetune.keys import (
     load_pair,
     pinned_coordinator_key,
     servetune_home,
+    shield_key_args,
 )
 from servetune.messages import Id
 from servetune.vllm_args import CHECK_ENGINE_ARGS_ENV
@@ -344,7 +345,7 @@ def probe(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(shield_key_args(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     if args.command == "tiny-model":

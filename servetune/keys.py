@@ -44,6 +44,7 @@ COORDINATOR_KEY_FILE = "coordinator.key"
 
 _Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 _NAME = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
+_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*$")
 
 Keypair = Callable[[], tuple[bytes, bytes]]
 
@@ -75,6 +76,18 @@ def check_key(text: str, what: str = "key") -> str:
         raise KeyFileError(f"{what} {shown!r} is not a CURVE public key (40 characters of Z85 text, as printed by "
                            "`keys show`)")
     return key
+
+
+def shield_key_args(argv: Iterable[str]) -> list[str]:
+    """``argv`` with every CURVE key that begins with ``-`` kept a value for argparse.
+
+    One Z85 key in 85 begins with ``-``; argparse takes such a token for an option, so
+    ``--coordinator-key -Hy...`` fails with "expected one argument" and ``keys add NAME -Hy...`` with
+    a missing KEY. A leading space makes argparse see a value; :func:`check_key` strips it. Tokens that
+    look like flags (letters, digits and dashes only) are left alone.
+    """
+    return [" " + arg if arg.startswith("-") and _Z85.match(arg) and not _FLAG.match(arg) else arg
+            for arg in argv]
 
 
 def check_name(name: str) -> str:

@@ -27,6 +27,7 @@ from servetune.exitcodes import ExitCode
 from servetune.keys import (
     KeyPair,
     add_to_allow_list,
+    check_key,
     coordinator_dir,
     daemon_dir,
     key_id,
@@ -34,10 +35,11 @@ from servetune.keys import (
     remove_from_allow_list,
     save_coordinator_key,
     save_pair,
+    shield_key_args,
 )
 from servetune.messages import Ack, Capabilities, Hello, Ready, Result, Welcome, decode, encode
 from servetune.result import Fingerprint, RequestSample, TrialOutcome
-from servetune.wire import IO_THREAD_PREFIX, batch_io_threads, configure_router
+from servetune.wire import IO_THREAD_PREFIX, batch_io_threads, configure_router, thread_ids, wait_for_io_threads
 from tests.fakes.keys import fleet_home, new_pair
 from tests.fleet_harness import Fleet, check_invariants, wait_for
 from tests.test_fleet_faults import endpoint  # noqa: F401 (the fake endpoint fixture, module scope)
@@ -146,16 +148,37 @@ def test_the_routers_io_thread_does_not_preempt_the_loop(router: RouterEndpoint)
     threads = _io_threads()
     assert threads, "no libzmq I/O thread found"
     assert set(threads.values()) == {os.SCHED_BATCH}, threads
+    before = thread_ids()
     ctx = zmq.Context()  # a context of its own: its I/O thread starts under the default policy
     sock = ctx.socket(zmq.DEALER)
     try:
-        fresh = set(_io_threads()) - set(threads)
+        fresh = wait_for_io_threads(before, 1, timeout_s=10)  # named once it first runs, not at socket()
+        assert fresh <= set(_io_threads())
         assert fresh and {_io_threads()[t] for t in fresh} == {os.SCHED_OTHER}
         assert fresh <= set(batch_io_threads())
         assert {_io_threads()[t] for t in fresh} == {os.SCHED_BATCH}
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def test_io_threads_are_awaited_until_they_have_named_themselves(tmp_path: Path) -> None:
+    """libzmq's I/O thread names itself when it first runs, after ``ctx.socket()`` returned (the
+    flaky "no libzmq I/O thread found"): the wait sees it once named, and gives up at its deadline."""
+    task = tmp_path / "task"
+    for tid, name in ((100, "python"), (200, "python")):
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "comm").write_text(name + "\n")
+    before = {100}
+    renamer = threading.Timer(0.2, lambda: (task / "200" / "comm").write_text(IO_THREAD_PREFIX + "0\n"))
+    renamer.start()
+    t0 = time.monotonic()
+    assert wait_for_io_threads(before, 1, timeout_s=10, task_dir=str(task)) == {200}
+    assert 0.15 < time.monotonic() - t0 < 5
+    (task / "100" / "comm").write_text(IO_THREAD_PREFIX + "1\n")  # named, but there before: not this context's
+    t0 = time.monotonic()
+    assert wait_for_io_threads(before | {200}, 1, timeout_s=0.3, task_dir=str(task)) == set()
+    assert time.monotonic() - t0 >= 0.3
 
 
 def test_a_plaintext_client_reaches_the_coordinator_and_is_refused(
@@ -399,6 +422,47 @@ def test_a_duplicate_name_or_key_and_a_world_readable_secret_are_refused(
     (home / "coordinator" / "secret.key").chmod(0o644)
     shown = run_cli("coordinator", "keys", "show", home=home)
     assert shown.returncode == ExitCode.USAGE and "readable by others" in shown.stderr
+
+
+def _pair_beginning_with(prefix: str) -> KeyPair:
+    """A real CURVE pair whose public key begins with ``prefix`` (one in 85 begins with ``-``)."""
+    for _ in range(100_000):
+        pair = new_pair()
+        if pair.public.startswith(prefix):
+            return pair
+    raise AssertionError(f"no key beginning with {prefix!r} in 100,000 tries")
+
+
+def test_keys_beginning_with_a_dash_pass_every_cli_that_takes_a_key(tmp_path: Path) -> None:
+    """The stop-33 CI failure: a coordinator key that began with ``-`` made ``daemon keys init
+    --coordinator-key KEY`` exit 2 ("expected one argument"). Real child processes, keys forced to begin
+    with ``-`` and ``--``, as option values and as the positional KEY of ``keys add``."""
+    for prefix in ("-", "--"):
+        coordinator, daemon = _pair_beginning_with(prefix), _pair_beginning_with(prefix)
+        home, node = tmp_path / f"coord{len(prefix)}", tmp_path / f"node{len(prefix)}"
+        save_pair(coordinator_dir(home), coordinator)
+        save_pair(daemon_dir(node), daemon)
+        init = _cli("daemon", "keys", "init", "--coordinator-key", coordinator.public, home=node)
+        assert init.returncode == 0, init.stderr
+        assert (node / "daemon" / "coordinator.key").read_text().strip() == coordinator.public
+        add = _cli("coordinator", "keys", "add", "gpu-1", daemon.public, home=home)
+        assert add.returncode == 0, add.stderr
+        assert f"gpu-1\t{key_id(daemon.public)}\t{daemon.public}" in _cli("coordinator", "keys", "list",
+                                                                           home=home).stdout
+        # daemon start parses its --coordinator-key the same way: the key is accepted, then the start
+        # fails on the malformed --workdir below (a file), not on the key
+        (tmp_path / "afile").write_text("")
+        start = _cli("daemon", "start", "--coordinator", "tcp://127.0.0.1:9", "--workdir", str(tmp_path / "afile"),
+                     "--coordinator-key", coordinator.public, home=node)
+        assert "expected one argument" not in start.stderr and "--coordinator-key" not in start.stderr, start.stderr
+
+
+def test_shield_key_args_leaves_flags_and_other_values_alone() -> None:
+    key = _pair_beginning_with("-").public
+    argv = ["keys", "add", "gpu-1", key, "--force", "-v", "--coordinator-key", "x" * 40, "-" + "a" * 39]
+    shielded = shield_key_args(argv)
+    assert shielded[3] == " " + key and check_key(shielded[3]) == key
+    assert shielded[:3] + shielded[4:] == argv[:3] + argv[4:], "a flag, a key without a dash or a flag-shaped token"
 
 
 def test_daemon_start_without_keys_exits_daemon_config_saying_what_to_run(tmp_path: Path) -> None:
