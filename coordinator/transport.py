@@ -24,7 +24,7 @@ from coordinator.zap import KeyGate, ZapHandler
 from servetune.errors import ProtocolError, ServetuneError
 from servetune.keys import KeyPair, key_id
 from servetune.messages import ID_MAX_CHARS, Message, OutOfBoundsResult, decode, encode, valid_id
-from servetune.wire import batch_io_threads, configure_router
+from servetune.wire import batch_io_threads, configure_router, thread_ids, wait_for_io_threads
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,17 @@ class RouterEndpoint:
         self.out_of_bounds_results = 0
         self.gate = gate
         self.server_key = server.public
+        before = thread_ids()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         configure_router(self._sock, zmq, secret_key=server.secret)
         self._zap = ZapHandler(self._ctx, gate, self._sock)
         try:
             self._zap.start()
-            batch_io_threads()  # no wakeup preemption of the loop by its own sends (servetune.wire)
+            # no wakeup preemption of the loop by its own sends (servetune.wire), once libzmq's
+            # I/O threads have named themselves (they may not have yet, right after the socket)
+            wait_for_io_threads(before, self._ctx.get(zmq.IO_THREADS))
+            batch_io_threads()
             if bind.endswith(":0"):
                 base = bind.rsplit(":", 1)[0]
                 port = self._sock.bind_to_random_port(base)

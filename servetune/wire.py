@@ -86,6 +86,42 @@ def configure_dealer(sock: Any, identity: str, zmq: Any, *, public_key: str, sec
 IO_THREAD_PREFIX = "ZMQbg/IO/"
 
 
+def thread_ids(task_dir: str = "/proc/self/task") -> set[int]:
+    """This process's thread ids (Linux ``/proc``; empty where there is none)."""
+    import os
+
+    try:
+        return {int(t) for t in os.listdir(task_dir) if t.isdigit()}
+    except OSError:
+        return set()
+
+
+def wait_for_io_threads(before: set[int], n: int, timeout_s: float = 1.0,
+                        task_dir: str = "/proc/self/task") -> set[int]:
+    """The libzmq I/O threads started since ``before`` (thread ids taken before the context was
+    made), once ``n`` of them are named, or whatever is named when ``timeout_s`` runs out.
+
+    libzmq starts a context's I/O threads with its first socket, and each thread names itself
+    (``ZMQbg/IO/N``) when it first runs: right after ``ctx.socket()`` it may still carry the
+    process's name, so a caller looking for it by name must wait for it."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        named: set[int] = set()
+        for tid in thread_ids(task_dir) - before:
+            try:
+                with open(os.path.join(task_dir, str(tid), "comm"), encoding="utf-8", errors="replace") as fh:
+                    if fh.read().startswith(IO_THREAD_PREFIX):
+                        named.add(tid)
+            except OSError:
+                continue
+        if len(named) >= n or time.monotonic() >= deadline:
+            return named
+        time.sleep(0.001)
+
+
 def batch_io_threads(task_dir: str = "/proc/self/task") -> list[int]:
     """Put this process's libzmq I/O threads under ``SCHED_BATCH`` (Linux); returns their thread ids.
 
@@ -99,7 +135,8 @@ def batch_io_threads(task_dir: str = "/proc/self/task") -> list[int]:
     ends, a few milliseconds at most, where leases and heartbeats are counted in seconds. With a
     free core the thread runs there at once, as before. Measured in ``benchmarks/RESULTS.md``
     ("Coordinator hot path, round 3"). Nothing is changed (and ``[]`` returned) where the policy or
-    ``/proc`` is not available; a thread that ends meanwhile is skipped."""
+    ``/proc`` is not available; a thread that ends meanwhile is skipped. Only named threads are
+    found: call :func:`wait_for_io_threads` first for a context just made."""
     import os
 
     setter = getattr(os, "sched_setscheduler", None)
