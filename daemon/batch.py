@@ -35,7 +35,7 @@ from daemon.endpoint import Endpoint, ServerRequestError
 from daemon.gpusets import GPUSet, batch_gpu_set, server_env
 from daemon.loadgen import REASON_DEADLINE, run_load_point
 from daemon.models import ModelResolutionError, resolve_model
-from daemon.preflight import Preflight, PreflightFailed, batch_preflight
+from daemon.preflight import Preflight, PreflightFailed, PreflightResult, batch_preflight
 from daemon.scrape import MetricsScraper
 from daemon.server import ServerStartError, VLLMServer, vllm_command
 from daemon.serverlog import classify_failure
@@ -200,7 +200,7 @@ class BatchRunner:
         try:
             if self.ctx.preflight is not None:
                 checked = batch_preflight(self.ctx.preflight, grant, self.ctx.fingerprint, self._gpus(grant),
-                                          self.co_tenanted)
+                                          self.co_tenanted, defer_vllm_import=True)
                 if not checked.ok:  # a daemon error (BATCH_ERROR), never a result: see daemon.agent
                     raise PreflightFailed(checked)
             self._run(grant)
@@ -249,11 +249,18 @@ class BatchRunner:
             except ServerStartError as exc:
                 self._record_server(server)
                 self._state(grant, None, "server_failed", exc.reason)
+                if self._stopped():  # stopped while starting: nothing to judge, no import to wait for
+                    return
+                broken = self.ctx.preflight.vllm.after_failed_start() if self.ctx.preflight is not None else None
+                if broken is not None:  # vLLM itself does not import here: a daemon error, never the config's
+                    raise PreflightFailed(PreflightResult((broken,))) from exc
                 if not self._stopped():
                     self._fail_all(grant, grant.trials, started, f"server would not start: {exc.reason}",
                                    server.info(), exc.exit_code, exc.log_tail)
                 return
             self._record_server(server)
+            if self.ctx.preflight is not None:
+                self.ctx.preflight.vllm.started()
             self._state(grant, None, "server_ready", f"{info.startup_s or 0:.0f} s, KV cache {info.kv_cache_tokens} tokens")
             for i, trial in enumerate(grant.trials):
                 if self._stopped():

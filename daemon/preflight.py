@@ -9,9 +9,13 @@ one reason per failed check). The checks:
   while ``nvidia-smi`` saw GPUs fails (their use cannot be known).
 - ``vllm``: for a ``vllm`` batch, vLLM is installed in the interpreter that runs it at the expected
   version (``--expect-vllm-version``, else the version this daemon advertised when it joined), and
-  really imports (a child process with a deadline; done once per interpreter and version, the
-  version re-read before every batch). With ``--vllm-launch`` the launch command's environment is
-  the operator's: skipped, and it says so.
+  really imports. The version is re-read before every batch. The import (a child process with a
+  deadline, 5-20 s) is proven once per interpreter and version: before a batch it is deferred to
+  the server start, which imports vLLM anyway; only when that start fails is ``import vllm`` run on
+  its own (:meth:`VllmCheck.after_failed_start`), so a broken vLLM is still a daemon error and never
+  a measurement failure of the config. A re-check of a daemon out of service imports at once. A
+  failed import is not remembered: a repaired vLLM passes the next check. With ``--vllm-launch``
+  the launch command's environment is the operator's: skipped, and it says so.
 - ``model``: for a ``vllm`` batch, the model is on this node: a ``path`` model's folder has a
   ``config.json``, a hub model is in the Hugging Face cache (``HF_HUB_CACHE``, else
   ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), with the asked revision if one is named.
@@ -184,8 +188,9 @@ _IMPORT_SCRIPT = "import vllm, sys; sys.stdout.write(str(getattr(vllm, '__versio
 
 @dataclass
 class VllmCheck:
-    """vLLM's version (package metadata, every time) and a real import (once per interpreter and
-    version: importing vLLM takes tens of seconds)."""
+    """vLLM's version (package metadata, every time) and a real import (proven once per interpreter
+    and version: importing vLLM takes 5-20 s; before a batch the server start is the proof, see the
+    module docstring)."""
 
     python: str | None = None
     launch: list[str] | None = None
@@ -194,9 +199,12 @@ class VllmCheck:
     #: the version the daemon advertised when it joined: expected before each batch when no other was set
     advertised: str | None = None
     import_timeout_s: float = VLLM_IMPORT_TIMEOUT_S
-    _imported: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: (interpreter, version) pairs whose import is proven: by ``import vllm`` or by a server that started
+    _proven: set[tuple[str, str]] = field(default_factory=set)
 
-    def __call__(self) -> Check:
+    def __call__(self, *, defer_import: bool = False) -> Check:
+        """The check. ``defer_import``: a pair not yet proven passes on its version alone; the batch's
+        server start proves the import (:meth:`started`) or :meth:`after_failed_start` checks it."""
         if self.launch:
             return Check("vllm", "skipped", f"vLLM starts through --vllm-launch {self.launch[0]!r}: its environment "
                                             "is the operator's, not checked here")
@@ -208,13 +216,43 @@ class VllmCheck:
         if expected and version != expected:
             why = "--expect-vllm-version" if self.expected else "the version this daemon advertised when it joined"
             return Check("vllm", "failed", f"vLLM {version} is installed for {python}; expected {expected} ({why})")
-        key = (python, version)
-        if key not in self._imported:
-            self._imported[key] = self._import(python)
-        problem = self._imported[key]
+        if (python, version) in self._proven:
+            return Check("vllm", "ok", f"vLLM {version} imports in {python}")
+        if defer_import:
+            return Check("vllm", "ok", f"vLLM {version} is installed for {python} (its import is checked by the "
+                                       "server start)")
+        return self._proved(python, version) or Check("vllm", "ok", f"vLLM {version} imports in {python}")
+
+    def _key(self) -> tuple[str, str] | None:
+        """(interpreter, installed version) of this node's vLLM, None with --vllm-launch or none installed.
+        Stateless, so batches running side by side share one check safely."""
+        if self.launch:
+            return None
+        version = package_versions(self.python)["vllm"]
+        return None if version is None else (self.python or sys.executable, version)
+
+    def _proved(self, python: str, version: str) -> Check | None:
+        """``import vllm`` now: the failed check, or None (and the pair is proven)."""
+        problem = self._import(python)
         if problem:
             return Check("vllm", "failed", problem)
-        return Check("vllm", "ok", f"vLLM {version} imports in {python}")
+        self._proven.add((python, version))
+        return None
+
+    def started(self) -> None:
+        """A batch's server started: its vLLM imports."""
+        key = self._key()
+        if key is not None:
+            self._proven.add(key)
+
+    def after_failed_start(self) -> Check | None:
+        """A batch's server did not start: the failed check if ``import vllm`` fails on its own (a
+        daemon error, not the config's), else None (the config's failure). Imports only a pair not
+        yet proven, so a config that cannot start costs no import after the first."""
+        key = self._key()
+        if key is None or key in self._proven:
+            return None
+        return self._proved(*key)
 
     def _import(self, python: str) -> str:
         env = dict(os.environ)
@@ -246,14 +284,16 @@ class Preflight:
     hub_cache: Path | None = None
 
     def run(self, backend: str | None = None, model: ModelSpec | None = None, gpus: Iterable[int] | None = None,
-            own_pids: Iterable[int] = (), shared: Iterable[int] = ()) -> PreflightResult:
+            own_pids: Iterable[int] = (), shared: Iterable[int] = (), *,
+            defer_vllm_import: bool = False) -> PreflightResult:
         """``backend``/``model``: the batch's (None at join: only the node-wide checks run, vLLM only
-        when an expected version was set). ``gpus``: the batch's GPU set (None: all)."""
+        when an expected version was set). ``gpus``: the batch's GPU set (None: all).
+        ``defer_vllm_import``: leave vLLM's import to the server start (:class:`VllmCheck`)."""
         checks = [check_disk(self.workdir, self.min_free_disk_bytes)]
         if backend in (None, "vllm"):
             checks.append(check_gpus_idle(gpus, own_pids, self.node_has_gpus, self.max_used_fraction, shared))
         if backend == "vllm" or (backend is None and self.vllm.expected):
-            checks.append(self.vllm())
+            checks.append(self.vllm(defer_import=defer_vllm_import and backend == "vllm"))
         if backend == "vllm" and model is not None:
             checks.append(check_model(model, self.hub_cache))
         result = PreflightResult(tuple(checks))
@@ -271,11 +311,13 @@ class PreflightFailed(ServetuneError):
 
 
 def batch_preflight(preflight: Preflight, grant: Grant, fingerprint: Fingerprint,
-                    chosen: GPUSet | None = None, shared: Iterable[int] = ()) -> PreflightResult:
+                    chosen: GPUSet | None = None, shared: Iterable[int] = (), *,
+                    defer_vllm_import: bool = False) -> PreflightResult:
     """The preflight of ``grant`` on this node: its backend, its model, the GPU set it will get
     (``chosen``, as the daemon's slots gave it; None: the best set of its tensor_parallel_size,
-    which is None too on a CPU-only node or when the node has too few GPUs)."""
+    which is None too on a CPU-only node or when the node has too few GPUs). ``defer_vllm_import``:
+    as :meth:`Preflight.run` (the batch runner defers; a re-check out of service does not)."""
     if chosen is None:
         chosen = batch_gpu_set(fingerprint, grant.config.args.tensor_parallel_size)
     return preflight.run(grant.backend.kind, grant.model, chosen.gpus if chosen is not None else None,
-                         own_pids=[os.getpid()], shared=shared)
+                         own_pids=[os.getpid()], shared=shared, defer_vllm_import=defer_vllm_import)

@@ -3,6 +3,7 @@ TCP fault proxy (between a real ZeroMQ DEALER and ROUTER), all on loopback with 
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import signal
@@ -24,6 +25,7 @@ from daemon.models import resolve_model
 from servetune.spec import LoadPoint, ModelSpec
 from tests.fakes.faultproxy import CHUNK_BYTES, FaultProxy
 from tests.fakes.openai_server import FakeOpenAIServer, fake_openai, start_fake_openai_process
+from tests.fleet_harness import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -341,3 +343,31 @@ def test_proxy_only_forwards_to_loopback() -> None:
         FaultProxy("192.0.2.1", 5555)
     with pytest.raises(ValueError, match="loopback"):
         FaultProxy("example.com", 5555)
+
+
+def test_proxy_never_listens_on_the_port_its_target_is_about_to_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness picks the coordinator's port with ``free_port()`` and the coordinator binds it
+    seconds later; a proxy made in between may be given that very port by the kernel. It must take
+    another: proxying to itself, each connection would open another until file descriptors ran out
+    (CI stop 32: ``OSError: [Errno 24] Too many open files`` in test_fleet_breaker)."""
+    from tests.fakes import faultproxy
+
+    target = free_port()
+    real = asyncio.start_server
+    calls: list[int] = []
+
+    async def kernel_hands_out_the_target_port(cb, host, port, **kw):  # type: ignore[no-untyped-def]
+        calls.append(port)
+        return await real(cb, host, target if len(calls) == 1 else port, **kw)
+
+    monkeypatch.setattr(faultproxy.asyncio, "start_server", kernel_hands_out_the_target_port)
+    with FaultProxy("127.0.0.1", target) as proxy:
+        assert len(calls) == 2 and proxy.port != target
+        srv = socket.create_server(("127.0.0.1", target))  # the target binds its port at last
+        with srv, socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+            conn, _ = srv.accept()
+            with conn:
+                client.sendall(b"ping")
+                conn.settimeout(5)
+                assert conn.recv(16) == b"ping"
+        assert proxy.stats()["connections_accepted"] == 1

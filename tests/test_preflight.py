@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,6 +135,89 @@ def test_batch_preflight_checks_by_backend(tmp_path: Path, monkeypatch: pytest.M
     assert [c.name for c in batch_preflight(pf, sim, FP).checks] == ["disk"]
 
 
+def started_worker(pf: Preflight, vllm_python: str | None = None) -> tuple[queue.Queue[object], BatchWorker]:
+    """A real batch runner and worker with preflight ``pf``, re-checking as the agent does; started."""
+    outbox: queue.Queue[object] = queue.Queue()
+    ctx = BatchContext(workdir=pf.workdir, fingerprint=FP, server_cpus=None, preflight=pf, vllm_python=vllm_python)
+    runner = BatchRunner(ctx, outbox.put, threading.Event())
+    worker = BatchWorker(runner, outbox,  # type: ignore[arg-type]
+                         recheck=lambda g: batch_preflight(pf, g, FP) if g else pf.run())
+    worker.start()
+    return outbox, worker
+
+
+class CountingVllmCheck(VllmCheck):
+    """The real version checks; ``import vllm`` answered from ``answers`` (a problem, or "" for ok)
+    and counted, so a test sees when the check imports."""
+
+    def __init__(self, answers: list[str]):
+        super().__init__()
+        self.answers = answers
+        self.imports = 0
+
+    def _import(self, python: str) -> str:
+        self.imports += 1
+        return self.answers.pop(0)
+
+
+def test_a_batch_defers_the_import_to_its_server_start_which_proves_it() -> None:
+    """Importing vLLM costs 5-20 s: before a batch the server start is the proof, not a second import."""
+    check = CountingVllmCheck([])
+    deferred = check(defer_import=True)
+    assert deferred.status == "ok" and "checked by the server start" in deferred.detail and check.imports == 0
+    check.started()  # the server reached ready
+    assert check().status == "ok" and "imports in" in check().detail and check.imports == 0
+    assert check.after_failed_start() is None and check.imports == 0, "a proven vLLM: a failed start is the config's"
+
+
+def test_a_failed_start_imports_once_and_a_failed_import_is_not_remembered() -> None:
+    check = CountingVllmCheck(["`import vllm` failed: ImportError", ""])
+    check(defer_import=True)
+    failed = check.after_failed_start()  # the start failed and so does the import: the daemon's fault
+    assert failed is not None and failed.status == "failed" and "ImportError" in failed.detail
+    assert check(defer_import=True).detail.endswith("(its import is checked by the server start)")
+    assert check.after_failed_start() is None and check.imports == 2, "repaired: the next import passes"
+    assert check.after_failed_start() is None and check.imports == 2, "proven now: no import after the first"
+
+
+def test_a_recheck_out_of_service_imports_at_once(tmp_path: Path) -> None:
+    check = CountingVllmCheck(["`import vllm` failed: ImportError"])
+    pf = Preflight(workdir=tmp_path, vllm=check)
+    result = batch_preflight(pf, grant(), FP)  # what the agent's re-check calls: no deferral
+    assert not result.ok and check.imports == 1 and "vllm: `import vllm` failed" in result.reasons[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_vllm_that_does_not_import_is_a_daemon_error_after_the_failed_start_never_a_measurement(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For real: an interpreter whose vLLM metadata is intact but whose ``import vllm`` raises (a
+    shadowing package on PYTHONPATH). The server start fails, the import check names it, the batch is
+    a BATCH_ERROR and the daemon goes out of service; no trial becomes a measurement failure."""
+    monkeypatch.setattr(agent_mod, "PREFLIGHT_RECHECK_S", 3600.0)
+    shadow = tmp_path / "shadow" / "vllm"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('FAKE broken vLLM: a shadowing package')\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shadow.parent} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    check = VllmCheck(python=str(python))
+    assert check(defer_import=True).status == "ok", "the metadata alone passes: the import is deferred"
+    outbox, worker = started_worker(Preflight(workdir=tmp_path, vllm=check), vllm_python=str(python))
+    try:
+        worker.submit(grant())
+        seen: list[object] = []
+        while not any(isinstance(m, BatchDone) for m in seen):
+            seen.append(outbox.get(timeout=90))
+        errors = [m for m in seen if isinstance(m, BatchError)]
+        assert errors and "daemon out of service: preflight failed: vllm: `import vllm`" in errors[0].error
+        assert "FAKE broken vLLM" in errors[0].error
+        assert any(isinstance(m, ServiceChange) and m.reason for m in seen)
+        assert not any(isinstance(m, Result) for m in seen), "never a result, so never a measurement failure"
+        assert (tmp_path / "servers.jsonl").exists(), "the server start was tried (the deferred proof)"
+    finally:
+        assert worker.close(10)
+
+
 # ----------------------------------------------------------------------------- out of service
 
 
@@ -156,13 +240,7 @@ def test_a_failed_batch_preflight_is_a_batch_error_then_a_recheck_restores_servi
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_mod, "PREFLIGHT_RECHECK_S", 0.05)
     fake_nvml.install(monkeypatch, [FakeGPU(processes=[(999, 30000)])])
-    pf = Preflight(workdir=tmp_path, vllm=VllmCheck(launch=["x"]))
-    outbox: queue.Queue[object] = queue.Queue()
-    ctx = BatchContext(workdir=tmp_path, fingerprint=FP, server_cpus=None, preflight=pf)
-    runner = BatchRunner(ctx, outbox.put, threading.Event())
-    worker = BatchWorker(runner, outbox,  # type: ignore[arg-type]
-                         recheck=lambda g: batch_preflight(pf, g, FP) if g else pf.run())
-    worker.start()
+    outbox, worker = started_worker(Preflight(workdir=tmp_path, vllm=VllmCheck(launch=["x"])))
     try:
         worker.submit(grant())
         error = outbox.get(timeout=10)

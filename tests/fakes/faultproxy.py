@@ -56,6 +56,8 @@ MAX_BUFFER_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 256 * 1024
 #: How long a connection to the target may take.
 CONNECT_TIMEOUT_S = 5.0
+#: Ports tried before giving up on one other than the target's (:meth:`FaultProxy._listen`).
+LISTEN_TRIES = 5
 #: How long a public method waits for the proxy's loop (close() included).
 CALL_TIMEOUT_S = 2.0
 
@@ -279,8 +281,19 @@ class FaultProxy:
             self._not_blackholed.set()
 
     async def _listen(self) -> asyncio.Server:
+        """Listen on a free port that is not the target's. A target that is not bound yet (a
+        coordinator still starting on a port the harness picked with ``free_port()``) leaves its
+        port free, and the kernel may give it to the proxy: every connection would then open
+        another to the proxy itself until the process runs out of file descriptors."""
         self._apply_mode()
-        return await asyncio.start_server(self._on_client, HOST, 0, limit=CHUNK_BYTES)
+        for _ in range(LISTEN_TRIES):
+            server = await asyncio.start_server(self._on_client, HOST, 0, limit=CHUNK_BYTES)
+            if int(server.sockets[0].getsockname()[1]) != self.target_port:
+                return server
+            log.info("fault proxy: given the target's own port %d to listen on; taking another", self.target_port)
+            server.close()
+            await server.wait_closed()
+        raise FaultProxyError(f"no free port other than the target's {self.target_port} in {LISTEN_TRIES} tries")
 
     async def _reset_all(self) -> int:
         links = list(self._links)
