@@ -24,7 +24,8 @@ class MissingExperimentError(ExperimentNotFoundError):
         return [f"{type(self).__name__}: {self}"]
 
 
-def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str] | None = None) -> xr.Dataset:
+def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str] | None = None,
+         fidelity: str = "full") -> xr.Dataset:
     """The dataset of ``experiment`` (its name, folder, spec file, or a ``results.nc`` path), fully read into memory.
 
     Every experiment the dashboard lists loads: a folder with a sweep's store (``experiment.sqlite``)
@@ -37,7 +38,14 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     Raises :class:`MissingExperimentError` (an :class:`ExperimentNotFoundError`) when there is none.
     A dataset with SIMULATED trials (backend ``sim``) gets the attribute ``simulated``: the label
     naming their profiles and calibration (:func:`analysis.hardware.simulated_of`).
+
+    ``fidelity``: ``"full"`` (default) leaves out the trials of a successive-halving rung below full
+    fidelity (measured on fewer requests: screening, never pooled with full trials; the attribute
+    ``screening_trials`` says how many were left out), ``"all"`` keeps them, each with its
+    ``fidelity`` coordinate.
     """
+    if fidelity not in ("full", "all"):
+        raise ValueError(f"fidelity must be 'full' or 'all', got {fidelity!r}")
     direct = Path(experiment)
     if direct.suffix == ".nc" and direct.is_file():
         path = direct  # a results.nc copied out of its experiment folder
@@ -63,6 +71,12 @@ def load(experiment: str | os.PathLike[str], results_root: str | os.PathLike[str
     label = simulated_of(loaded)
     if label is not None:  # the mark every reader (reports, decisions, pages) finds on the dataset
         loaded.attrs["simulated"] = label
+    if fidelity == "full" and "fidelity" in loaded.coords:
+        full = loaded["fidelity"].values >= 1.0
+        if not full.all():
+            n_screening = int((~full).sum())
+            loaded = loaded.isel(trial=np.flatnonzero(full))
+            loaded.attrs["screening_trials"] = n_screening
     return loaded
 
 

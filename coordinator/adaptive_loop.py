@@ -6,7 +6,8 @@ The store is the source of truth: a resumed sweep rebuilds the planner's history
 an earlier sweep of the same spec planned and their latest results (:meth:`AdaptiveLoop.start`).
 A config is finished when none of its trials would be run again (:func:`coordinator.planning.needs_run`:
 ok, or failed as a measurement without ``--retry-failed``); a trial lost to transport or left a
-hole keeps its config untold (the planner asks nothing more until it is told).
+hole keeps its config untold (the planner asks nothing more until it is told). A config asked at
+several fidelities (successive halving) is asked, finished and told once per fidelity.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class AdaptiveLoop:
         self.spec_hash = spec_hash
         self.retry_failed = retry_failed
         self.planner: Planner = create_planner(spec)
-        self.untold: dict[str, EngineConfig] = {}  # config_id -> config: asked, not yet told
+        self.untold: dict[tuple[str, float], EngineConfig] = {}  # (config_id, fidelity) -> config: asked, not told
         self.next_index = 0
         self.restored = 0  # configs an earlier sweep planned (0: a fresh experiment)
 
@@ -42,7 +43,7 @@ class AdaptiveLoop:
         rows = [(i, m) for i, m in store.planned_trials(self.spec_hash) if i < _FOLLOWUPS_FROM]
         if not rows:
             plan = self.planner.plan()
-            self.untold = {b.config_id: b.config for b in plan.batches if not b.is_baseline}
+            self.untold = {(b.config_id, _fidelity(b)): b.config for b in plan.batches if not b.is_baseline}
             self.next_index = len(plan.batches)
             return plan
         by_index: dict[int, list[TrialManifest]] = {}
@@ -50,14 +51,15 @@ class AdaptiveLoop:
             by_index.setdefault(i, []).append(m)
         batches = tuple(PlannedBatch(index=i, config=ms[0].engine, trials=tuple(ms), is_baseline=ms[0].is_baseline)
                         for i, ms in sorted(by_index.items()))
-        configs = list({b.config_id: b.config for b in batches if not b.is_baseline}.values())
+        asked = {(b.config_id, _fidelity(b)): b.config for b in batches if not b.is_baseline}
+        configs = list(dict.fromkeys(c.config_id for c in asked.values()))
         history = []
-        for config in configs:
-            trials = self._finished_trials(store, config.config_id)
-            history.append((config, trials))
+        for (config_id, fidelity), config in asked.items():
+            trials = self._finished_trials(store, config_id, fidelity)
+            history.append((config, fidelity, trials))
             if trials is None:
-                self.untold[config.config_id] = config
-        self.planner.restore(history)
+                self.untold[(config_id, fidelity)] = config
+        self.planner.restore_at(history)
         self.restored = len(configs)
         self.next_index = max(by_index) + 1
         template = plan_configs(self.spec, [], design=self.planner.design, notes=self.planner.notes,
@@ -71,8 +73,8 @@ class AdaptiveLoop:
         Returns the new batches, in order; the caller queues them."""
         out: list[PlannedBatch] = []
         while True:
-            for config_id in list(self.untold):
-                self._tell_if_finished(store, config_id)
+            for key in list(self.untold):
+                self._tell_if_finished(store, key)
             new = self._ask()
             if not new:
                 return out
@@ -89,30 +91,33 @@ class AdaptiveLoop:
     def _ask(self) -> list[PlannedBatch]:
         if self.planner.done:
             return []
-        configs = self.planner.ask()
+        configs = self.planner.ask_at()
         if not configs:
             return []
-        plan = plan_configs(self.spec, configs, design=self.planner.design, notes=self.planner.notes,
-                            prune=False)
-        # the baseline batches run around the first batch only: planned again they would be the same trials
-        asked = [b for b in plan.batches if not b.is_baseline]
+        asked: list[PlannedBatch] = []
+        for fidelity in dict.fromkeys(f for _, f in configs):
+            plan = plan_configs(self.spec, [c for c, f in configs if f == fidelity], design=self.planner.design,
+                                notes=self.planner.notes, prune=False, fidelity=fidelity)
+            # the baseline batches run around the first batch only: planned again they would be the same trials
+            asked += [b for b in plan.batches if not b.is_baseline]
         out = [replace(b, index=self.next_index + k) for k, b in enumerate(asked)]
         self.next_index += len(out)
-        for c in configs:
-            self.untold[c.config_id] = c
+        for c, f in configs:
+            self.untold[(c.config_id, f)] = c
         return out
 
-    def _tell_if_finished(self, store: Store, config_id: str) -> bool:
-        trials = self._finished_trials(store, config_id)
+    def _tell_if_finished(self, store: Store, key: tuple[str, float]) -> bool:
+        trials = self._finished_trials(store, *key)
         if trials is None:
             return False
-        self.planner.tell(self.untold.pop(config_id), trials)
+        self.planner.tell_at(self.untold.pop(key), key[1], trials)
         return True
 
-    def _finished_trials(self, store: Store, config_id: str) -> list[TrialSummary] | None:
-        """The latest results of every (non-baseline) trial of ``config_id`` planned under this
-        spec, or None while one of them would still be run."""
-        manifests = [m for _, m in store.planned_trials(self.spec_hash, config_id) if not m.is_baseline]
+    def _finished_trials(self, store: Store, config_id: str, fidelity: float = 1.0) -> list[TrialSummary] | None:
+        """The latest results of every (non-baseline) trial of ``config_id`` at ``fidelity`` planned
+        under this spec, or None while one of them would still be run."""
+        manifests = [m for _, m in store.planned_trials(self.spec_hash, config_id)
+                     if not m.is_baseline and m.fidelity == fidelity]
         if not manifests:
             return None
         latest = store.latest_finished_of([m.trial_id for m in manifests])
@@ -126,3 +131,8 @@ class AdaptiveLoop:
                                     load_point=m.load_point.name, status=att.status, failure_kind=att.failure_kind,
                                     metrics=att.metrics or {}, is_baseline=False))
         return out
+
+
+def _fidelity(batch: PlannedBatch) -> float:
+    """The fidelity a batch was planned at (its trials share it)."""
+    return batch.trials[0].fidelity if batch.trials else 1.0

@@ -64,7 +64,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.breaker import BreakerBoard, BreakerChanged, Drained, ServiceWatch, drain_reason
 from coordinator.fleet import FleetSettings, merge_groups
@@ -103,6 +103,8 @@ from servetune.result import Fingerprint, TrialOutcome
 from servetune.spec import ExperimentSpec
 from servetune.states import LeaseState
 from servetune.vllm_args import AcceptedArgs, config_flags, missing_flags, refusal_text
+
+log = logging.getLogger(__name__)
 
 #: Daemons of a ``vllm`` sweep that join without saying which engine args their vLLM accepts are
 #: each named in a warning up to this many; later ones at INFO level.
@@ -509,10 +511,21 @@ class ControlCore:
         return self.retries.warning(trial_id, self.settings.max_transport_retries)
 
     def add(self, work: BatchWork) -> bool:
-        """Queue a batch planned during the sweep (a rate sweep's follow-ups); False when stopping.
-        A waiting READY gets it at the next :meth:`tick`."""
+        """Queue a batch planned during the sweep (a rate sweep's follow-ups, an SLA search's next
+        round, an adaptive planner's asks); False when stopping, or when every trial of it is
+        already queued or under a live lease. A trial already queued or leased is left out of
+        ``work`` (logged): a caller that plans the same trial twice must not run it twice (each
+        extra attempt costs a server start). A waiting READY gets it at the next :meth:`tick`."""
         if self.stopping:
             return False
+        queued = {t.trial_id for w in self.queue for t in w.trials}
+        todo = tuple(t for t in work.trials if t.trial_id not in queued and self.leases.for_trial(t.trial_id) is None)
+        if len(todo) < len(work.trials):
+            log.warning("batch %s: %d of its %d trial(s) are already queued or leased; not queued again",
+                        work.batch_id, len(work.trials) - len(todo), len(work.trials))
+            if not todo:
+                return False
+            work = replace(work, trials=todo)
         self.queue.append(self.targets.pin(work))
         return True
 

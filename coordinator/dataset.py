@@ -57,6 +57,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         "input_len", "output_len", "config_label", "dataset", "dataset_sha256", "endpoint", "arrival", "burstiness",
     )}
     coords.update(hardware_target=[], tags=[])  # the spec's target, and marks such as failover-from:<class>
+    coords["fidelity"] = []  # 1: a full trial; < 1: a successive-halving rung on a shortened load point
     params: dict[str, list[Any]] = {f"param_{a}": [] for a in arg_names}
     params.update({f"param_env.{e}": [] for e in env_names})
     scalars: dict[str, list[float]] = {v: [] for v in SCALAR_VARIABLES}
@@ -101,6 +102,7 @@ def build_dataset(store: Store) -> xr.Dataset:
         coords["config_label"].append(m.engine.label())
         coords["hardware_target"].append(m.hardware_target or "")
         coords["tags"].append(",".join(m.tags))
+        coords["fidelity"].append(float(m.fidelity))
         for a in arg_names:
             value = getattr(m.engine.args, a)
             params[f"param_{a}"].append(value)

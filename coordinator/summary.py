@@ -99,11 +99,13 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def collect_summaries(store: Store) -> list[TrialSummary]:
-    """The current spec's trials with their latest finished attempt (holes included)."""
+    """The current spec's full-fidelity trials with their latest finished attempt (holes included).
+    A successive-halving rung's shorter trials (fidelity < 1) are screening, never ranked with full
+    ones: :func:`screening_count` counts them."""
     current = store.current_spec_hash()
     planned = set(store.planned_trial_ids(current)) if current else set()
     latest = store.latest_finished()
-    trials = [(tid, m) for tid, m, _ in store.trials() if tid in planned]
+    trials = [(tid, m) for tid, m, _ in store.trials() if tid in planned and m.fidelity >= 1.0]
     swept = swept_names(m.engine for _, m in trials) or None
     out = []
     for trial_id, m in trials:
@@ -123,9 +125,21 @@ def collect_summaries(store: Store) -> list[TrialSummary]:
     return out
 
 
+def screening_count(store: Store) -> dict[float, int]:
+    """The current spec's trials below full fidelity (successive-halving rungs), per fidelity."""
+    current = store.current_spec_hash()
+    planned = set(store.planned_trial_ids(current)) if current else set()
+    out: dict[float, int] = {}
+    for tid, m, _ in store.trials():
+        if tid in planned and m.fidelity < 1.0:
+            out[m.fidelity] = out.get(m.fidelity, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_path: Path | None) -> dict[str, list[RankedConfig]]:
     """The ranked table per load point, under the spec's ranking policy, and where the results are."""
     ranked = rank(collect_summaries(store), spec.ranking)
+    screening = screening_count(store)
     policy = spec.ranking
     gate = ", configs meeting every SLO first" if policy.require_slos and spec.slos else ""
     slo_text = "; ".join(f"{s.metric} p{s.percentile:g} <= {s.max_ms:g} ms" for s in spec.slos) or "none"
@@ -168,6 +182,11 @@ def print_ranking(store: Store, spec: ExperimentSpec, console: Console, dataset_
         console.print(f"{len(probes)} SLA-search rate(s) ranked in the dataset, not shown here: the SLA search "
                       "table below sums them up")
     console.print("latencies in ms; throughput per second; medians over repeats")
+    if screening:
+        console.print(f"successive halving: {sum(screening.values())} screening trial(s) on shortened load points ("
+                      + ", ".join(f"{n} at fidelity {f:.3g}" for f, n in screening.items())
+                      + ") chose the configs above; they are not ranked (fewer requests each). In the dataset with "
+                        "their fidelity: analysis.load(NAME, fidelity='all')")
     if dataset_path is not None:
         console.print(f"results: {dataset_path}  (load with: analysis.load({spec.name!r}))")
     return ranked

@@ -10,6 +10,7 @@ same id on every node. Where to load the model from travels beside the manifest,
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,14 @@ MANIFEST_VERSION = 1
 #: without an entry here changes every trial id (``tests/test_compat.py`` resumes folders recorded
 #: by the protocol-1 code and fails if anything would run again). A field of a spec model also
 #: needs its entry in :data:`servetune.spec.ADDED_SPEC_FIELDS`.
-ADDED_MANIFEST_FIELDS: dict[str, object] = {"hardware_target": None, "tags": [], "load_point.sla_search": None}
+ADDED_MANIFEST_FIELDS: dict[str, object] = {"hardware_target": None, "tags": [], "load_point.sla_search": None,
+                                            "fidelity": 1.0}
+
+#: A shortened load point (:func:`at_fidelity`) keeps at least this many measured requests (or all
+#: of them when it has fewer): fewer say nothing about a p99.
+MIN_FIDELITY_REQUESTS = 8
+#: ... and at least this many seconds of a duration-bound load point (or all of it when shorter).
+MIN_FIDELITY_SECONDS = 5.0
 
 #: The tag a trial moved to another hardware class carries (``failover-from:<class or daemon>``):
 #: it has its own trial id, and no analysis may take it for the trial it stands in for.
@@ -121,6 +129,9 @@ class TrialManifest(BaseModel):
         None, description="the spec's hardware target this trial is planned for: a class, or filter:<name> "
                           "(servetune.hardware); None: no targets named, any class")
     tags: tuple[Annotated[str, StringConstraints(min_length=1, max_length=300)], ...] = Field((), max_length=16, description="marks such as failover-from:<class or daemon>")
+    fidelity: float = Field(1.0, gt=0, le=1, description="the fraction of the spec load point's requests (or duration) "
+                                                          "this trial measures: 1 for a full trial, less for a "
+                                                          "successive-halving rung (its load_point is the shortened one)")
 
     @property
     def trial_id(self) -> str:
@@ -373,9 +384,23 @@ def for_target(trials: tuple[TrialManifest, ...], target: str | None) -> tuple[T
     return tuple(m.model_copy(update={"hardware_target": target}) for m in trials)
 
 
+def at_fidelity(lp: LoadPoint, fidelity: float) -> LoadPoint:
+    """``lp`` shortened to ``fidelity`` of its measured requests (rounded up, at least
+    :data:`MIN_FIDELITY_REQUESTS`) or of its duration (at least :data:`MIN_FIDELITY_SECONDS`); its
+    name, arrival, lengths, warm-up and stop conditions unchanged. ``lp`` itself at fidelity 1."""
+    if fidelity >= 1:
+        return lp
+    update: dict[str, Any] = {}
+    if lp.num_requests is not None:
+        update["num_requests"] = max(min(lp.num_requests, MIN_FIDELITY_REQUESTS), math.ceil(lp.num_requests * fidelity))
+    if lp.duration_s is not None:
+        update["duration_s"] = max(min(lp.duration_s, MIN_FIDELITY_SECONDS), lp.duration_s * fidelity)
+    return LoadPoint.model_validate({**lp.model_dump(), **update})
+
+
 def plan_configs(
     spec: ExperimentSpec, configs: Sequence[EngineConfig], *, design: str = "grid", notes: Sequence[str] = (),
-    prune: bool = True,
+    prune: bool = True, fidelity: float = 1.0,
 ) -> Plan:
     """Plan ``configs`` (chosen by a design, in the engine space's order) x load point x repeat, as
     :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan.
@@ -386,7 +411,10 @@ def plan_configs(
 
     With hardware targets (``spec.hardware``), every batch is planned once per target, one after
     the other in the spec's order (``b0@A, b0@B, b1@A, ...``), with the same load-point order, the
-    target in each manifest: one config is measured on each target, never part of the grid on each."""
+    target in each manifest: one config is measured on each target, never part of the grid on each.
+
+    ``fidelity`` < 1 (a successive-halving rung) plans the configs' load points shortened by
+    :func:`at_fidelity`, each trial recording its fidelity; baseline batches stay at full fidelity."""
     rng = random.Random(spec.planner.seed)
     ident = model_identity(spec.model)
     backend = spec.backend.kind
@@ -398,6 +426,7 @@ def plan_configs(
                for seed in (rate_sweep_seeds(lp) if lp.rate_sweep else sla_first_round(lp) if lp.sla_search else [lp])]
         if spec.planner.randomize:
             rng.shuffle(lps)
+        rung = 1.0 if baseline_run is not None else fidelity
         trials = tuple(
             TrialManifest(
                 experiment=spec.name,
@@ -406,9 +435,10 @@ def plan_configs(
                 target=target,
                 config_id=config.config_id,
                 engine=config,
-                load_point=lp,
+                load_point=at_fidelity(lp, rung),
                 repeat=r,
                 baseline_run=baseline_run,
+                fidelity=rung,
             )
             for lp, r in lps
         )

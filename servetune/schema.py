@@ -23,7 +23,9 @@ Coordinates on ``trial``
     (completions / chat), ``arrival`` (poisson / constant / gamma / closed-loop) and
     ``burstiness``, ``hardware_target`` (the spec's hardware target the trial was planned for: a
     class, or ``filter:<name>``; "" when the spec names none), ``tags`` (comma-separated; a trial moved
-    by failover carries ``failover-from:<class or daemon>``; "" for none), and one
+    by failover carries ``failover-from:<class or daemon>``; "" for none), ``fidelity`` (1 for a full
+    trial; below 1 for a successive-halving rung measured on that fraction of its load point's
+    requests or duration: ``analysis.load`` leaves those out unless asked, ``fidelity="all"``), and one
     ``param_<name>`` coordinate per engine arg or ``param_env.<NAME>`` per environment variable
     set in any config (NaN or "" where a config leaves it to vLLM's default).
 Variables on ``trial``

@@ -6,7 +6,7 @@ Every problem is reported at once as a :class:`~servetune.errors.SpecIssue` with
 
 Sections: ``name``, ``model``, ``engine`` (typed vLLM engine args, fixed and swept, plus server
 environment variables), ``load_points``, ``slos``, ``ranking``, ``repeats``, ``baseline``,
-``planner`` (design ``grid``, ``random``, ``quasi-random`` or the adaptive ``optuna``, their options,
+``planner`` (design ``grid``, ``random``, ``quasi-random``, or the adaptive ``optuna`` and ``halving``, their options,
 order randomised under a ``seed``), ``budgets``, ``backend``, and the optional ``gpu_hour_prices`` (hardware class, as
 ``daemon/fingerprint.py``'s ``hardware_class`` names it, -> US dollars per GPU-hour, each > 0; the
 analysis uses them for per-cost figures and says so when none are given), and the optional ``hardware``
@@ -589,6 +589,7 @@ PLANNER_OPTIONS: dict[str, dict[str, bool]] = {
     "random": {"n_configs": True},
     "quasi-random": {"n_configs": True},
     "optuna": {"n_trials": True, "sampler": False, "batch": False},
+    "halving": {"n_configs": True, "eta": False, "min_fidelity": False},
 }
 #: Designs that sample ``n_configs`` engine configs from the engine space instead of taking them all.
 SAMPLED_DESIGNS: tuple[str, ...] = tuple(k for k, opts in PLANNER_OPTIONS.items() if "n_configs" in opts)
@@ -600,7 +601,11 @@ _OPTION_PURPOSE = {
     "n_trials": "how many engine configs to measure",
     "sampler": "the Optuna sampler",
     "batch": "how many engine configs to ask for at once",
+    "eta": "the reduction factor between rungs",
+    "min_fidelity": "the first rung's fraction of each load point's requests",
 }
+#: Successive halving's defaults: keep the best 1/eta at each rung, the first at 1/eta^2 of the load.
+DEFAULT_ETA = 3
 
 
 class PlannerSpec(StrictModel):
@@ -613,8 +618,12 @@ class PlannerSpec(StrictModel):
     configs than the space holds plans all of them (with a note). ``optuna``: an adaptive design,
     ``n_trials`` distinct configs on the grid's axes chosen by an Optuna ``sampler`` (``tpe``
     (default), ``gp`` or ``nsga2``) from the results so far, ``batch`` (default 1) at a time, under
-    ``seed`` (``coordinator.planning.adaptive``). ``randomize`` shuffles the batch order and the
-    load points inside each batch under ``seed``.
+    ``seed`` (``coordinator.planning.adaptive``). ``halving``: successive halving, a multi-fidelity
+    design: ``n_configs`` configs drawn as ``random`` draws them, measured first at ``min_fidelity``
+    (default 1/eta^2) of each load point's requests (or duration), the best 1/``eta`` (default 3)
+    of them again at ``eta`` times that fidelity, and so on up to the full load points; every trial
+    records its fidelity (``coordinator.planning.halving``). ``randomize`` shuffles the batch order
+    and the load points inside each batch under ``seed``.
     """
 
     kind: Annotated[str, StringConstraints(min_length=1, max_length=40)] = "grid"
@@ -626,6 +635,11 @@ class PlannerSpec(StrictModel):
     sampler: OptunaSampler | None = Field(None, validate_default=True, description="optuna: tpe (default), gp or nsga2")
     batch: int | None = Field(None, ge=1, le=256, validate_default=True,
                               description="optuna: engine configs asked for at once (one per daemon); default 1")
+    eta: int | None = Field(None, ge=2, le=10, validate_default=True,
+                            description="halving: keep the best 1/eta of each rung for the next (default 3)")
+    min_fidelity: float | None = Field(None, gt=0, lt=1, validate_default=True,
+                                       description="halving: the first rung's fraction of each load point's "
+                                                   "requests or duration (default 1/eta^2)")
     randomize: bool = True
     seed: int = Field(0, ge=0)
 
@@ -636,7 +650,7 @@ class PlannerSpec(StrictModel):
             raise ValueError(f"unknown planner kind {value!r}; known kinds: {', '.join(sorted(PLANNER_OPTIONS))}")
         return value
 
-    @field_validator("n_configs", "n_trials", "sampler", "batch")
+    @field_validator("n_configs", "n_trials", "sampler", "batch", "eta", "min_fidelity")
     @classmethod
     def _option_for_kind(cls, value: Any, info: ValidationInfo) -> Any:
         kind = info.data.get("kind")
@@ -798,7 +812,8 @@ ADDED_SPEC_FIELDS: dict[str, object] = {"gpu_hour_prices": {}, "planner.n_config
                                          "planner.n_trials": None, "planner.sampler": None, "planner.batch": None,
                                          "backend.model_shape": None, "backend.noise": None,
                                          "hardware": None, "hardware.co_tenancy": False, "hardware.groups": [],
-                                         "restart_per_repeat": True, "load_points.*.sla_search": None}
+                                         "restart_per_repeat": True, "load_points.*.sla_search": None,
+                                         "planner.eta": None, "planner.min_fidelity": None}
 #: Spec fields removed since, with the value every spec that can still load held (their old
 #: default): put back before hashing, so a spec's hash is the one recorded before they went.
 REMOVED_SPEC_FIELDS: dict[str, object] = {"backend.python": None, "backend.launch": None}
@@ -1039,6 +1054,8 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                                 "into engine.grid or use planner.kind 'random'"))
     if spec.planner.kind == "optuna":
         issues += _adaptive_issues(spec)
+    if spec.planner.kind == "halving":
+        issues += _halving_issues(spec)
     for i, lp in enumerate(spec.load_points):
         if lp.sla_search is not None and not spec.slos:
             issues.append(SpecIssue(f"load_points[{i}].sla_search", "an SLA search looks for the highest rate meeting "
@@ -1144,16 +1161,36 @@ def _adaptive_issues(spec: ExperimentSpec) -> list[SpecIssue]:
     if not spec.engine.axes():
         issues.append(SpecIssue("engine.grid", "planner.kind 'optuna' searches the grid's axes: give engine.grid "
                                                "or engine.env_grid at least one swept value list"))
+    return issues + _fixed_points_only(spec, "optuna", "scores fixed load points only")
+
+
+def _halving_issues(spec: ExperimentSpec) -> list[SpecIssue]:
+    """What successive halving (``planner.kind: halving``) does not take: it ranks configs on fixed
+    load points (a rate sweep or SLA search plans its own load points), and promotes from one rung to
+    the next on every config's trials together (no baseline runs or hardware targets yet)."""
+    issues = _fixed_points_only(spec, "halving", "shortens fixed load points only")
+    p = spec.planner
+    eta = p.eta or DEFAULT_ETA
+    if p.n_configs is not None and p.n_configs < eta:
+        issues.append(SpecIssue("planner.n_configs", f"successive halving keeps the best 1/{eta} of each rung: "
+                                f"{p.n_configs} config(s) leave nothing to halve; give at least {eta} or use "
+                                "planner.kind 'random'"))
+    return issues
+
+
+def _fixed_points_only(spec: ExperimentSpec, kind: str, why: str) -> list[SpecIssue]:
+    """An adaptive design's refusals of a baseline, rate sweeps, SLA searches and hardware targets."""
+    issues: list[SpecIssue] = []
     if spec.baseline is not None:
-        issues.append(SpecIssue("baseline", "planner.kind 'optuna' does not interleave baseline runs yet: "
+        issues.append(SpecIssue("baseline", f"planner.kind {kind!r} does not interleave baseline runs yet: "
                                             "leave baseline out or use a grid, random or quasi-random design"))
     for i, lp in enumerate(spec.load_points):
         for key in ("rate_sweep", "sla_search"):
             if getattr(lp, key) is not None:
-                issues.append(SpecIssue(f"load_points[{i}].{key}", "planner.kind 'optuna' scores fixed load "
-                                                                  "points only: give request_rate or max_concurrency"))
+                issues.append(SpecIssue(f"load_points[{i}].{key}", f"planner.kind {kind!r} {why}: give "
+                                                                  "request_rate or max_concurrency"))
     if spec.hardware is not None:
-        issues.append(SpecIssue("hardware", "planner.kind 'optuna' does not plan per hardware target yet: "
+        issues.append(SpecIssue("hardware", f"planner.kind {kind!r} does not plan per hardware target yet: "
                                             "leave hardware out or use a grid, random or quasi-random design"))
     return issues
 

@@ -7,6 +7,7 @@ a coordinator restart, daemon errors, the retry budget and the no-daemon deadlin
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -440,3 +441,22 @@ def test_a_silent_daemon_is_suspected_by_the_threshold_not_a_tick_after_it() -> 
     assert not [i for i in c.tick() if isinstance(i, Notice) and "suspected" in i.text]
     clock.t += 0.1  # 2.95 s: the next tick (3.05 s) would be late
     assert [i for i in c.tick() if isinstance(i, Notice) and "d1 suspected" in i.text]
+
+
+def test_a_trial_already_queued_or_leased_is_not_queued_again(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    planned = work()
+    assert len(planned) == 2 and all(len(w.trials) == 2 for w in planned)
+    c = core(clock, work=planned[:1])
+    g = join(c, "d1", "n1")  # the first batch is leased, nothing is queued
+    with caplog.at_level(logging.WARNING, logger="coordinator.control"):
+        mixed = BatchWork(batch=planned[1].batch, trials=planned[0].trials[:1] + planned[1].trials)
+        assert c.add(mixed) and c.queued == 1  # only its two new trials
+        assert [t.trial_id for w in c.queue for t in w.trials] == [t.trial_id for t in planned[1].trials]
+        assert not c.add(planned[0]) and not c.add(planned[1]), "every trial already leased or queued"
+    assert c.queued == 1 and caplog.text.count("already queued or leased; not queued again") == 3
+    c.handle("d1", result("n1", g, 0, "s1"))
+    c.handle("d1", result("n1", g, 1, "s2"))
+    assert c.leases.for_trial(g.trials[0].trial_id) is None
+    assert c.add(planned[0]), "a finished trial may be queued again (a retry is the caller's decision)"
+    assert c.queued == 2

@@ -151,7 +151,7 @@ def test_baseline_batches_are_not_sampled() -> None:
         ("{n_configs: 4}", "planner.n_configs: planner.n_configs only applies"),
         ("{kind: random, n_configs: 0}", "planner.n_configs: Input should be greater than or equal to 1"),
         ("{kind: random, n_configs: some}", "planner.n_configs: Input should be a valid integer"),
-        ("{kind: sobol, n_configs: 4}", "planner.kind: unknown planner kind 'sobol'; known kinds: grid, optuna, quasi-random, random"),
+        ("{kind: sobol, n_configs: 4}", "planner.kind: unknown planner kind 'sobol'; known kinds: grid, halving, optuna, quasi-random, random"),
     ],
 )
 def test_planner_errors_name_the_yaml_path(planner: str, needle: str) -> None:
@@ -172,7 +172,7 @@ def test_new_defaults_leave_the_spec_hash_alone() -> None:
     del old_dump["gpu_hour_prices"]
     del old_dump["hardware"]
     assert old_dump.pop("restart_per_repeat") is True
-    for added in ("n_configs", "n_trials", "sampler", "batch"):  # planner options, None unless their kind takes them
+    for added in ("n_configs", "n_trials", "sampler", "batch", "eta", "min_fidelity"):  # planner options, None unless their kind takes them
         del old_dump["planner"][added]
     for added in ("profile", "model_shape", "noise"):  # the sim backend's fields, None for every other kind
         del old_dump["backend"][added]

@@ -105,7 +105,7 @@ def test_no_section_keeps_spec_hash_and_trial_ids() -> None:
     assert dump.pop("hardware") is None
     dump.pop("gpu_hour_prices")
     assert dump.pop("restart_per_repeat") is True
-    for key in ("n_configs", "n_trials", "sampler", "batch"):
+    for key in ("n_configs", "n_trials", "sampler", "batch", "eta", "min_fidelity"):
         dump["planner"].pop(key)
     for key in ("profile", "model_shape", "noise"):
         dump["backend"].pop(key)
@@ -116,7 +116,7 @@ def test_no_section_keeps_spec_hash_and_trial_ids() -> None:
     plan = plan_experiment(spec)
     for m in plan.trials():
         data = m.model_dump(mode="json")
-        assert data.pop("hardware_target") is None and data.pop("tags") == []
+        assert data.pop("hardware_target") is None and data.pop("tags") == [] and data.pop("fidelity") == 1.0
         data["load_point"]["dataset"].pop("path", None)
         assert data["load_point"].pop("sla_search") is None
         assert m.trial_id == sha256_json(data)

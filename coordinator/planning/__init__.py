@@ -1,8 +1,8 @@
 """Planning in one home: the planner contract (:class:`Planner`), the registry keyed by
 ``planner.kind``, and every design (:mod:`.fixed`: grid, random, quasi-random; :mod:`.adaptive`:
-optuna). :func:`plan_experiment` is what every command uses to see a plan before any result."""
+optuna; :mod:`.halving`: successive halving). :func:`plan_experiment` is what every command uses to see a plan before any result."""
 
-from coordinator.planning import adaptive, fixed  # noqa: F401 - registers the designs
+from coordinator.planning import adaptive, fixed, halving  # noqa: F401 - registers the designs
 from coordinator.planning._base import (
     Planner,
     create_planner,

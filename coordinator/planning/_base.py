@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from servetune.errors import SpecError, SpecIssue
@@ -47,6 +48,12 @@ class Planner(ABC):
     - The same spec and seed give the same configs in the same order (for an adaptive planner:
       given the same results told in the same order).
     - Not thread-safe: use it from the coordinator's thread.
+    - Fidelity: the coordinator drives every planner through :meth:`ask_at`, :meth:`tell_at` and
+      :meth:`restore_at`, which carry each asked config's fidelity (the fraction of every load
+      point it is measured at: 1 for a full trial). A single-fidelity planner implements
+      :meth:`ask`, :meth:`tell` and :meth:`restore`, and the defaults map them at fidelity 1; a
+      multi-fidelity one (:mod:`.halving`) overrides the ``_at`` methods, and may ask a config again
+      at a higher fidelity.
 
     Class attributes: ``kind`` (the ``planner.kind`` it is registered under), ``design`` (the
     label recorded with the results, which the analysis reads: ``grid``, ``random``,
@@ -83,12 +90,41 @@ class Planner(ABC):
     def done(self) -> bool:
         """Whether :meth:`ask` will return nothing more, whatever it is told."""
 
+    def ask_at(self) -> list[tuple[EngineConfig, float]]:
+        """The configs to measure next, each with its fidelity (default: :meth:`ask`'s, at 1)."""
+        return [(c, 1.0) for c in self.ask()]
+
+    def tell_at(self, config: EngineConfig, fidelity: float, trials: Sequence[TrialSummary]) -> None:
+        """The results of ``config`` measured at ``fidelity`` (default: :meth:`tell`)."""
+        self.tell(config, trials)
+
+    def restore_at(self, planned: Sequence[tuple[EngineConfig, float, Sequence[TrialSummary] | None]]) -> None:
+        """:meth:`restore` with each planned config's fidelity (default: :meth:`restore`, which sees
+        the configs planned at fidelity 1)."""
+        self.restore([(c, trials) for c, f, trials in planned if f >= 1.0])
+
     def plan(self, configs: Sequence[EngineConfig] | None = None) -> Plan:
-        """``configs`` (default: what :meth:`ask` returns now) planned as batches x load point x
-        repeat (:func:`servetune.manifest.plan_configs`), with this design's label and notes."""
-        chosen = self.ask() if configs is None else configs
+        """``configs`` at fidelity 1 (default: what :meth:`ask_at` returns now, at their fidelities)
+        planned as batches x load point x repeat (:func:`servetune.manifest.plan_configs`), with this
+        design's label and notes."""
+        asked = self.ask_at() if configs is None else [(c, 1.0) for c in configs]
         # an adaptive design is told every config it asked for: a pruned one would never be
-        return plan_configs(self.spec, chosen, design=self.design, notes=self.notes, prune=not self.adaptive)
+        prune = not self.adaptive
+        fidelities = list(dict.fromkeys(f for _, f in asked)) or [1.0]
+        plans = [plan_configs(self.spec, [c for c, g in asked if g == f], design=self.design, notes=self.notes,
+                              prune=prune, fidelity=f) for f in fidelities]
+        if len(plans) == 1:
+            return plans[0]
+        return replace(plans[0], batches=tuple(b for p in plans for b in p.batches),
+                       pruned=tuple(x for p in plans for x in p.pruned))
+
+
+class AdaptivePlanner(Planner):
+    """A design whose asks depend on what it was told: recorded as design ``adaptive`` (the analysis
+    words effects as associations), never pruned at plan time (it is told every config it asks)."""
+
+    design = "adaptive"
+    adaptive = True
 
 
 P = TypeVar("P", bound=type[Planner])

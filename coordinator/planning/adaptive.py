@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.planning._base import Planner, register
+from coordinator.planning._base import AdaptivePlanner, register
 from servetune.manifest import EngineConfig
 from servetune.ranking import TrialSummary, blames_config
 from servetune.spec import ExperimentSpec
@@ -55,11 +55,8 @@ class Scored:
 
 
 @register("optuna")
-class OptunaPlanner(Planner):
+class OptunaPlanner(AdaptivePlanner):
     """``planner: {kind: optuna, sampler, n_trials, seed, batch}`` (the module docstring says how)."""
-
-    design = "adaptive"
-    adaptive = True
 
     def __init__(self, spec: ExperimentSpec):
         super().__init__(spec)
@@ -146,36 +143,8 @@ class OptunaPlanner(Planner):
 
     def score(self, levels: tuple[int, ...], trials: Sequence[TrialSummary]) -> Scored:
         """A config's objective values and constraints from its trials (the module docstring's rules)."""
-        trials = [t for t in trials if not t.is_baseline]
-        if any(t.status == "failed" and blames_config(t.failure_kind) for t in trials):
-            return Scored(levels, None)
-        by_lp: dict[str, list[TrialSummary]] = {}
-        for t in trials:
-            if t.status == "ok":
-                by_lp.setdefault(t.load_point, []).append(t)
-        if not by_lp:
-            return Scored(levels, None)
-        policy, slos = self.spec.ranking, self.spec.slos
-        objective, latency, constraints = [], [], []
-        for ts in by_lp.values():
-            got = [float(t.metrics[policy.objective]) for t in ts if t.metrics.get(policy.objective) is not None]
-            if not got:
-                return Scored(levels, None)
-            objective.append(statistics.median(got))
-            by_slo = [_slo_values(t.metrics) for t in ts]
-            if policy.require_slos:
-                for i, slo in enumerate(slos):
-                    vals = [float(x) for v in by_slo if i < len(v) and (x := v[i]) is not None]
-                    constraints.append((statistics.median(vals) if vals else 2 * slo.max_ms) - slo.max_ms)
-            if self.sampler_name == "nsga2":
-                lat: list[float | None] = [v[0] for v in by_slo if v] if slos else \
-                    [_quantile(t.metrics, "e2el_ms", 0.99) for t in ts]
-                good = [float(v) for v in lat if v is not None]
-                if not good:
-                    return Scored(levels, None)
-                latency.append(statistics.median(good))
-        values = (statistics.fmean(objective),) + ((statistics.fmean(latency),) if latency else ())
-        return Scored(levels, values, tuple(constraints))
+        values, constraints = score_trials(self.spec, trials, with_latency=self.sampler_name == "nsga2")
+        return Scored(levels, values, constraints if values is not None else ())
 
     # ------------------------------------------------------------------ asking Optuna
 
@@ -253,6 +222,45 @@ class OptunaPlanner(Planner):
         if self.sampler_name == "nsga2":
             return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, self.batch))
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def score_trials(spec: ExperimentSpec, trials: Sequence[TrialSummary], *,
+                 with_latency: bool = False) -> tuple[tuple[float, ...] | None, tuple[float, ...]]:
+    """A config's objective values (None: it failed by its own fault, or nothing was measured) and
+    its SLO constraints from its trials, by the module docstring's rules. ``with_latency`` adds the
+    second objective (``nsga2``)."""
+    trials = [t for t in trials if not t.is_baseline]
+    if any(t.status == "failed" and blames_config(t.failure_kind) for t in trials):
+        return None, ()
+    by_lp: dict[str, list[TrialSummary]] = {}
+    for t in trials:
+        if t.status == "ok":
+            by_lp.setdefault(t.load_point, []).append(t)
+    if not by_lp:
+        return None, ()
+    policy, slos = spec.ranking, spec.slos
+    objective: list[float] = []
+    latency: list[float] = []
+    constraints: list[float] = []
+    for ts in by_lp.values():
+        got = [float(t.metrics[policy.objective]) for t in ts if t.metrics.get(policy.objective) is not None]
+        if not got:
+            return None, ()
+        objective.append(statistics.median(got))
+        by_slo = [_slo_values(t.metrics) for t in ts]
+        if policy.require_slos:
+            for i, slo in enumerate(slos):
+                vals = [float(x) for v in by_slo if i < len(v) and (x := v[i]) is not None]
+                constraints.append((statistics.median(vals) if vals else 2 * slo.max_ms) - slo.max_ms)
+        if with_latency:
+            lat: list[float | None] = [v[0] for v in by_slo if v] if slos else \
+                [_quantile(t.metrics, "e2el_ms", 0.99) for t in ts]
+            good = [float(v) for v in lat if v is not None]
+            if not good:
+                return None, ()
+            latency.append(statistics.median(good))
+    values = (statistics.fmean(objective),) + ((statistics.fmean(latency),) if latency else ())
+    return values, tuple(constraints)
 
 
 def _round_seed(seed: int, n_asked: int) -> int:
