@@ -24,8 +24,9 @@ from typing import Any
 from analysis.common import jsonable
 from analysis.crosshw import parse_prices
 from analysis.decision import CROSS_MODES, RULES, Decision, recommend, serve_params
-from analysis.frame import AnalysisInputError
+from analysis.frame import AnalysisInputError, trial_table
 from analysis.load import load
+from analysis.sla_decision import read_sla_searches
 from servetune.errors import ServetuneError
 from servetune.export import engine_config_from_params, model_argument, serve_command
 from servetune.paths import resolve_experiment_dir
@@ -120,8 +121,11 @@ def human(decision: Decision, commands: dict[str, str], path: Path) -> str:
         lines.insert(0, "SYNTHETIC data: nothing here was measured")
     if decision.dataset.get("simulated"):
         lines.insert(0, f"{decision.dataset['simulated']}: a model's expectation, nothing here was measured")
-    for c in decision.classes:
+    apart = [c for c in decision.sla if c not in decision.classes]
+    for c in [*decision.classes, *apart]:
         lines.append("")
+        if c in apart:
+            lines.append("SLA search load points, decided apart on max rate at SLO:")
         profile = sim_profile(c.hardware_class)
         lines.append((f"{simulated_label([c.hardware_class])}: " if profile else "") + c.sentence)
         if c.winner is not None and c.winner.config_id in commands:
@@ -132,8 +136,11 @@ def human(decision: Decision, commands: dict[str, str], path: Path) -> str:
             ev = dict(c.evidence.get(who) or {})
             if ev:
                 reps = ", ".join(f"{lp} {n}" for lp, n in ev.pop("repeats", {}).items())
-                rest = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ev.items())
-                lines.append(f"  evidence ({who.replace('_', '-')}): repeats {reps}; {rest}")
+                runs = ", ".join(f"{lp} {n}" for lp, n in ev.pop("runs", {}).items())
+                rest = ", ".join(f"{k.replace('_', ' ')} {', '.join(v) if isinstance(v, list) else v}"
+                                 for k, v in ev.items())
+                head = f"repeats {reps}" if reps else f"runs {runs}"
+                lines.append(f"  evidence ({who.replace('_', '-')}): {head}; {rest}")
         for t in c.thresholds:
             lines.append(f"  what would change it: {t.sentence}")
     for w in decision.warnings:
@@ -152,14 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         ds = load(args.experiment, args.results_root)
         weights = parse_weights(args.weights)
         slos = [parse_slo(s) for s in args.slo] if args.slo is not None else None
+        sla = read_sla_searches(folder, trial_table(ds), str(ds.attrs.get("spec_hash", "")))
         decision = recommend(ds, weights=weights, slos=slos, rule=args.rule, include_drift=args.include_drift,
                              n_boot=args.n_boot, seed=args.seed, cross_hardware=args.cross_hardware,
-                             prices=parse_prices(args.gpu_hour_price))
+                             prices=parse_prices(args.gpu_hour_price), sla=sla)
         commands: dict[str, str] = {}
         identity = json.loads(str(ds.attrs.get("model", "") or "{}"))
         marg = model_argument(identity if isinstance(identity, dict) else {}, args.model)
-        for c in decision.classes if decision.mode == "per-class" else []:
-            if c.winner is not None:
+        for c in [*decision.classes, *decision.sla] if decision.mode == "per-class" else []:
+            if c.winner is not None and c.winner.config_id not in commands:
                 params = serve_params(ds, c.winner.config_id)
                 prov = {"experiment": ds.attrs.get("experiment", ""), "config": c.winner.config_id[:16],
                         "spec": str(ds.attrs.get("spec_hash", ""))[:12], "decision": RECORD_FILE}

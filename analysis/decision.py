@@ -48,7 +48,8 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,17 @@ from analysis.frame import AnalysisInputError, metric_sense, trial_table
 from analysis.hardware import classes_of, failover_of, per_class, require_not_mixed, simulated_of
 from analysis.pareto import ConfigGroup, bootstrap_medians, config_groups, param_values
 from analysis.ranking import objective_of, slo_columns, slos_of
+from analysis.sla_decision import (
+    SLA_OBJECTIVE,
+    SLA_RULE,
+    SLA_SLO_RULE,
+    SlaSearch,
+    distinguishable,
+    rate_text,
+    sla_of,
+    sla_slos_match,
+    sla_table,
+)
 from servetune.ranking import NOT_THE_CONFIGS_FAULT
 
 log = logging.getLogger(__name__)
@@ -158,6 +170,10 @@ class Decision:
     dataset: dict[str, Any]
     n_boot: int
     warnings: list[Caveat] = field(default_factory=list)
+    #: per hardware class, the decision on the SLA searches' max rate at SLO
+    #: (:mod:`analysis.sla_decision`); when the experiment has no other load points these are also
+    #: ``classes`` (and ``objective`` is :data:`~analysis.sla_decision.SLA_OBJECTIVE`)
+    sla: list[ClassDecision] = field(default_factory=list)
 
 
 # --- the pure core: arrays in, choices out -----------------------------------------------------------------
@@ -165,7 +181,8 @@ class Decision:
 
 def _normalised(med: np.ndarray, sense: int) -> np.ndarray:
     """``... x C x L`` objective medians -> value / best at each load point (1 = best), NaN stays NaN."""
-    with np.errstate(invalid="ignore", divide="ignore", all="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a load point no candidate has: all-NaN, stays NaN
         if sense > 0:
             best = np.nanmax(np.where(np.isfinite(med), med, np.nan), axis=-2, keepdims=True)
             return np.asarray(med / best, dtype=float)
@@ -352,18 +369,27 @@ def _evidence(df: pd.DataFrame, cells: _Cells, config: str | None, drift_left_ou
         rows = rows[~rows["is_baseline"].astype(bool)]
     k = cells.config_ids.index(config)
     status = rows["status"].astype(str)
-    kind = rows["failure_kind"].astype(str) if "failure_kind" in rows else pd.Series("", index=rows.index)
     return {
         "repeats": {lp: int(cells.counts[k, j]) for j, lp in enumerate(cells.load_points)},
+        **_trial_counts(rows),
+        "holes": _count(rows, status == "hole"),
+        "drift_suspect_left_out": _count(drift_left_out, drift_left_out["config_id"].astype(str) == config),
+    }
+
+
+def _trial_counts(rows: pd.DataFrame) -> dict[str, int]:
+    """How many of ``rows`` failed (and of them were lost to transport), were retried, stopped early,
+    had a client that fell behind, or ran on a failover daemon."""
+    status = rows["status"].astype(str)
+    kind = rows["failure_kind"].astype(str) if "failure_kind" in rows else pd.Series("", index=rows.index)
+    return {
         "failed": _count(rows, status == "failed"),
         "lost_to_transport": _count(rows, (status == "failed") & kind.isin(NOT_THE_CONFIGS_FAULT)),
-        "holes": _count(rows, status == "hole"),
         "retried": _count(rows, rows["attempt"].to_numpy(dtype=float) > 1) if "attempt" in rows else 0,
         "stopped_early": _count(rows, rows["stopped_early"].astype(str) != "") if "stopped_early" in rows else 0,
         "client_fell_behind": (_count(rows, rows["client_fell_behind"].astype(bool))
                                if "client_fell_behind" in rows else 0),
         "failover": _count(rows, failover_of(rows) != ""),
-        "drift_suspect_left_out": _count(drift_left_out, drift_left_out["config_id"].astype(str) == config),
     }
 
 
@@ -398,6 +424,21 @@ def _warn_missing_values(df: pd.DataFrame, cols: list[str], name: str, notes: No
     notes.warn("missing_values", f"{int(bad.sum())} ok trial(s) of {len(configs)} config(s) have no value for "
                                  f"{', '.join(missing)} and were left out of their configs' cells, so those "
                                  f"configs are judged on their other repeats", name)
+
+
+def _weight_thresholds(lps: Sequence[str], norm: np.ndarray, w: np.ndarray, feasible: np.ndarray, rule: str,
+                       ids: Sequence[str], labels: Sequence[str]) -> list[Threshold]:
+    """For each load point's weight (others fixed), where the winner changes and to which config."""
+    out: list[Threshold] = []
+    for i, lp in enumerate(lps):
+        up, uw, down, dw = weight_thresholds(norm, w, feasible, i, rule)
+        out.append(Threshold(
+            "weight", lp, float(w[i]), up, None if uw is None else ids[uw], down, None if dw is None else ids[dw],
+            f"weight of {lp} (now {w[i]:g}): raised, the winner changes "
+            + (f"above {up:.4g} (to {labels[uw]})" if up is not None and uw is not None else "never in range")
+            + "; lowered, it changes "
+            + (f"below {down:.4g} (to {labels[dw]})" if down is not None and dw is not None else "never in range")))
+    return out
 
 
 def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
@@ -458,15 +499,7 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
     thresholds: list[Threshold] = []
     ids = cells.config_ids
     if win is not None:
-        for i, lp in enumerate(lps):
-            up, uw, down, dw = weight_thresholds(norm, w, feasible, i, rule)
-            thresholds.append(Threshold(
-                "weight", lp, float(w[i]), up, None if uw is None else ids[uw], down, None if dw is None else ids[dw],
-                f"weight of {lp} (now {w[i]:g}): raised, the winner changes "
-                + (f"above {up:.4g} (to {cells.labels[uw]})" if up is not None and uw is not None else "never in range")
-                + "; lowered, it changes "
-                + (f"below {down:.4g} (to {cells.labels[dw]})" if down is not None and dw is not None
-                   else "never in range")))
+        thresholds += _weight_thresholds(lps, norm, w, feasible, rule, ids, cells.labels)
         for s, (col, bound) in enumerate(slo_cols):
             others = base & np.delete(meets, s, axis=1).all(axis=1)
             up, uw, down, dw = slo_thresholds(score, others, worst[:, s], bound)
@@ -482,6 +515,113 @@ def _decide_class(name: str, df: pd.DataFrame, left_out: pd.DataFrame, obj: str,
     return ClassDecision(name, _choice(cells, norm, score, win, slo_cols), _choice(cells, norm, score, run, slo_cols),
                          margin, distinguishable, sentence, thresholds, evidence, len(ids), int(feasible.sum()),
                          excluded)
+
+
+def _decide_sla_class(name: str, searches: Sequence[SlaSearch], weights: dict[str, float], rule: str,
+                      notes: Notes, probe_rows: pd.DataFrame | None = None) -> ClassDecision:
+    """One hardware class's decision on its SLA searches' max rate at SLO (:mod:`analysis.sla_decision`)."""
+    lps = list(weights)
+    w = np.asarray([weights[lp] for lp in lps], dtype=float)
+    t = sla_table(searches, lps)
+    norm = _normalised(t.rate, 1)
+    score = scores(norm, w, rule)
+    feasible = np.isfinite(t.rate).all(axis=1)
+    win, run = choose(score, feasible)
+    searched = np.array([all((cid, lp) in t.searches for lp in lps) for cid in t.config_ids], dtype=bool)
+    excluded = {"no_sla_search_on_some_load_point": int((~searched).sum()),
+                "no_rate_meeting_slos_in_every_run": int((searched & ~feasible).sum())}
+    label = f"hardware class {name}" if name else "this experiment"
+
+    def said(k: int) -> str:
+        return "; ".join(f"{lp}: {rate_text(t.searches.get((t.config_ids[k], lp)))}" for lp in lps)
+
+    dist = False
+    margin: Interval | None = None
+    if win is None:
+        sentence = f"no config's SLA search found a rate meeting every SLO in every run on {label}: nothing to recommend"
+    elif run is None:
+        sentence = f"{t.labels[win]} is the only config with a max rate at SLO on {label} ({said(win)})"
+    else:
+        dist = distinguishable(t, win, run, w)
+        margin = Interval(float(score[win] - score[run]), math.nan, math.nan, LEVEL)
+        runs = min(s.runs for s in searches)
+        why = ("its 95% interval over runs on the typical boundary lies wholly above the runner-up's" if dist else
+               "one run per config gives no interval over runs" if runs < 2 else
+               "their 95% intervals over runs on the typical boundary overlap")
+        sentence = (f"recommend {t.labels[win]} on {label}: max rate at SLO {said(win)}; it is "
+                    + ("distinguishable from" if dist else "NOT distinguishable from")
+                    + f" the runner-up {t.labels[run]} ({said(run)}): {why}")
+    if searches and min(s.runs for s in searches) < 2:
+        notes.warn("sla_one_run", "some SLA searches ran once: a run's bracket holds only that run's boundary (a server "
+                                  "start's own speed moves it from run to run), so no interval over runs is given and "
+                                  "no difference is called distinguishable; repeats: 3 gives one", name)
+
+    def choice(k: int | None) -> Choice | None:
+        if k is None:
+            return None
+        per: dict[str, dict[str, Any]] = {}
+        for j, lp in enumerate(lps):
+            s = t.searches.get((t.config_ids[k], lp))
+            per[lp] = {"objective": float(t.rate[k, j]), "normalised": float(norm[k, j]),
+                       "repeats": 0 if s is None else s.runs,
+                       "boundary_estimate_rps": None if s is None else s.boundary_estimate_rps,
+                       "boundary_ci95_rps": None if s is None or s.boundary_ci95_rps is None else list(s.boundary_ci95_rps),
+                       "brackets_rps": [] if s is None else [list(b) for b in s.brackets],
+                       "stopped": [] if s is None else list(s.stopped),
+                       "slo_upper_bound": {}}
+        return Choice(t.config_ids[k], t.labels[k], float(score[k]), per)
+
+    thresholds: list[Threshold] = []
+    if win is not None and len(lps) > 1:
+        thresholds += _weight_thresholds(lps, norm, w, feasible, rule, t.config_ids, t.labels)
+
+    def evidence(k: int | None) -> dict[str, Any]:
+        if k is None:
+            return {}
+        mine = [s for s in searches if s.config_id == t.config_ids[k]]
+        out: dict[str, Any] = {"runs": {s.load_point: s.runs for s in mine},
+                               "probes": sum(len(s.trial_ids) for s in mine),
+                               "stopped": sorted({r for s in mine for r in s.stopped})}
+        if probe_rows is not None and "trial_id" in probe_rows:
+            # a failed probe counted as missing the SLOs; one lost to transport was run again
+            out.update(_trial_counts(probe_rows[probe_rows["trial_id"].astype(str).isin(
+                set().union(*(s.trial_ids for s in mine)))]))
+        return out
+
+    return ClassDecision(name, choice(win), choice(run), margin, dist, sentence, thresholds,
+                         {"winner": evidence(win), "runner_up": evidence(run), "configs": len(t.config_ids),
+                          "trials": sum(len(s.trial_ids) for s in searches), "drift_suspect_left_out": 0},
+                         len(t.config_ids), int(feasible.sum()), excluded)
+
+
+def _split_weights(weights: Mapping[str, Any] | None, sla_lps: Sequence[str],
+                   other_lps: Sequence[str]) -> tuple[dict[str, Any] | None, dict[str, float]]:
+    """``weights`` split into the ordinary load points' (for :func:`_weights`) and the SLA search
+    load points' (checked here: a finite number >= 0 each)."""
+    if weights is None:
+        return None, {lp: 1.0 for lp in sla_lps}
+    other: dict[str, Any] = {}
+    sla: dict[str, float] = {}
+    for lp, value in weights.items():
+        if str(lp) in sla_lps:
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                x = math.nan
+            if not math.isfinite(x) or x < 0:
+                raise AnalysisInputError(f"weight of load point {lp!r} must be a finite number >= 0, got {value!r}")
+            sla[str(lp)] = x
+        elif str(lp) in other_lps:
+            other[str(lp)] = value
+        else:
+            raise AnalysisInputError(f"unknown load point {lp!r} in weights; known: "
+                                     f"{', '.join(sorted([*other_lps, *sla_lps]))} (an SLA search is named by its "
+                                     "load point, not by its probed rates)")
+    # each part has its own mix: load points named in it share it (unnamed ones get 0), none named: equal
+    full = {lp: sla.get(lp, 0.0) for lp in sla_lps} if sla else {lp: 1.0 for lp in sla_lps}
+    if sla and sum(full.values()) <= 0:
+        raise AnalysisInputError(f"weights of the SLA search load points must not all be 0: {full}")
+    return other or None, full
 
 
 def _weights(df: pd.DataFrame, weights: Mapping[str, Any] | None) -> dict[str, float]:
@@ -547,7 +687,8 @@ def prepare(ds: xr.Dataset, objective: str | None = None, table: pd.DataFrame | 
 def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: list[dict[str, Any]] | None = None,
               rule: str = "weighted", include_drift: bool = False, objective: str | None = None, n_boot: int = 1000,
               seed: int = 0, cross_hardware: str | None = None, prices: Mapping[str, Any] | None = None,
-              prepared: Prepared | None = None) -> Decision:
+              prepared: Prepared | None = None,
+              sla: tuple[Sequence[SlaSearch], Sequence[Mapping[str, Any]]] | None = None) -> Decision:
     """One engine config per hardware class for the traffic mix ``weights`` under ``slos``.
 
     Args:
@@ -563,6 +704,12 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         prices: hardware class -> USD per GPU-hour, for ``per_gpu_hour`` (default the spec's).
         prepared: :func:`prepare` of this same, unchanged ``ds`` (same result, less work); one
             made for another objective is not used.
+        sla: the experiment's SLA searches and the SLOs they were judged against
+            (:func:`analysis.sla_decision.read_sla_searches`; default: the record next to the file
+            ``ds`` was loaded from, if any; ``([], [])``: none). Their probes leave the per-load-point
+            decision; each class gets a decision on max rate at SLO in ``Decision.sla``, which is also
+            ``Decision.classes`` when no other load point is left. ``slos`` must then be the judged
+            ones (an SLA verdict cannot be re-judged) and ``cross_hardware`` None.
 
     Raises:
         AnalysisInputError: an unknown rule, load point, metric or mode, a bad weight, or
@@ -586,12 +733,32 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
     if obj not in table:
         raise AnalysisInputError(f"objective {obj!r} is not in the trial table")
     slo_cols = slo_columns(slo_list, table)
-    w = _weights(table, weights)
+    if sla is None:
+        sla = sla_of(ds, table)
+    searches, judged = (list(sla[0]), list(sla[1])) if sla else ([], [])
+    probes = set().union(*(x.trial_ids for x in searches)) if searches else set()
+    ordinary = ~table["trial_id"].astype(str).isin(probes).to_numpy(dtype=bool)
+    probe_rows = table[~ordinary] if searches else None
+    sla_weights: dict[str, float] = {}
+    if searches:
+        if cross_hardware is not None:
+            raise AnalysisInputError("--cross-hardware does not combine SLA searches: their max rate at SLO is decided "
+                                     "per hardware class")
+        if slos is not None and not sla_slos_match(slo_list, judged):
+            raise AnalysisInputError("the SLA searches were judged during the sweep against the spec's SLOs ("
+                                     + "; ".join(f"{x.get('metric')} p{float(x.get('percentile', 99)):g} <= "
+                                                 f"{float(x.get('max_ms', math.nan)):g} ms" for x in judged)
+                                     + "): other SLOs cannot re-judge them; change the spec's slos and run the sweep")
+        other_lps = sorted({str(v) for v in table.loc[ordinary, "load_point"].astype(str)} - {""})
+        weights, sla_weights = _split_weights(weights, sorted({x.load_point for x in searches}), other_lps)
+        if not other_lps:
+            ordinary = np.zeros(len(table), dtype=bool)
+    w = _weights(table[ordinary], weights) if ordinary.any() else {}
     if prepared is None:  # after the inputs are checked: a bad weight is refused before the drift check
         prepared = prepare(ds, obj, table)
     suspect = prepared.suspect
     notes.warnings.extend(prepared.warnings)
-    n_suspect = int(suspect.sum())
+    n_suspect = int((suspect & ordinary).sum())
     mode = "per-class"
     parts: list[tuple[str, pd.DataFrame]]
     if cross_hardware is not None:
@@ -610,10 +777,10 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         mode = f"cross-hardware {cross_hardware}"
         parts = [(label, cross_table.assign(_suspect=suspect))]
     else:
-        table = table.assign(_suspect=suspect)
+        table = table.assign(_suspect=suspect)[ordinary]
         hw = table["hardware_class"].astype(str) if "hardware_class" in table else pd.Series("", index=table.index)
         parts = []
-        for cls, _ in per_class(ds):
+        for cls, _ in per_class(ds) if ordinary.any() else []:
             parts.append((cls, table[(hw == cls) | (hw == "")] if cls else table))
     out = []
     for cls, part in parts:
@@ -628,9 +795,21 @@ def recommend(ds: xr.Dataset, weights: Mapping[str, Any] | None = None, slos: li
         notes.warn("drift_included", f"{n_suspect} drift-suspect trial(s) are INCLUDED in the decision")
     if not slo_list:
         notes.warn("no_slos", "no SLOs are defined: every config with usable trials on every load point is feasible")
-    return Decision(rule, RULES[rule], SLO_RULE, obj, w, slo_list, include_drift,
+    sla_out = [_decide_sla_class(cls, [x for x in searches if x.hardware_class == cls], sla_weights, rule, notes,
+                                 probe_rows)
+               for cls in sorted({x.hardware_class for x in searches})]
+    rule_text, slo_rule = RULES[rule], SLO_RULE
+    if sla_out and not out:
+        out, obj, w = list(sla_out), SLA_OBJECTIVE, sla_weights
+        rule_text = SLA_RULE if len(sla_weights) == 1 else f"{SLA_RULE}; load points combined by the {rule} rule"
+        slo_rule = SLA_SLO_RULE
+    elif sla_out:
+        notes.warn("sla_decided_apart", "the SLA search load points (" + ", ".join(sla_weights) + ") are decided apart, "
+                   "on their max rate at SLO (Decision.sla): the per-load-point decision covers the other load points "
+                   "only, and the two may name different configs")
+    return Decision(rule, rule_text, slo_rule, obj, w, slo_list, include_drift,
                     0 if include_drift else n_suspect, mode, out, claim_for(ds), dict(prepared.fingerprint), n_boot,
-                    notes.warnings)
+                    notes.warnings, sla_out)
 
 
 def serve_params(ds: xr.Dataset, config_id: str) -> dict[str, Any]:

@@ -231,6 +231,12 @@ def _design_warnings(ds: xr.Dataset) -> list[dict[str, Any]]:
                             "message": f"{text} (the result stands; runs/<name>/retries.jsonl has each lost attempt)"})
     for subject, message in pruned_configs(ds):  # servetune.memfit, before any trial
         out.append({"code": "pruned", "subject": subject, "section": "design", "message": message})
+    screening = int(ds.attrs.get("screening_trials", 0) or 0)
+    if screening:  # analysis.load left a successive-halving sweep's shorter rungs out
+        out.append({"code": "screening", "subject": f"{screening} trial(s)", "section": "design", "message":
+                    f"{screening} screening trial(s) of successive halving, measured on shortened load points, are "
+                    "left out of every analysis here: only full-fidelity trials are results, and the configs that "
+                    "reached them were chosen by the screening (analysis.load(NAME, fidelity='all') has them)"})
     return out
 
 

@@ -106,12 +106,15 @@ def expand_sla_searches(store: Store, spec: ExperimentSpec, plan: Plan, spec_has
                         only: set[str] | None = None) -> list[BatchWork]:
     """The batches of SLA-search rounds after the first that have something to run (one per search
     with an open round): decided from the results so far, recorded in the store. ``only``: just the
-    searches one of these trial ids belongs to."""
+    searches one of these trial ids belongs to, and only when it finished a round: a round with one of
+    them in it is in flight, queued when it was decided (queued again, its other trials would run twice)."""
     work = []
     for st in search_states(store, spec, plan, spec_hash, retry_failed):
         if not st.pending or st.pending_round == 0:
             continue  # round 0 is the plan's own batch
         if only is not None and not any(m.trial_id in only for r in st.rounds for m in r):
+            continue
+        if only is not None and any(m.trial_id in only for m in st.pending):
             continue
         latest = store.latest_finished_of([m.trial_id for m in st.pending])
         todo = tuple(m for m in st.pending if needs_run(latest.get(m.trial_id), retry_failed))

@@ -115,6 +115,13 @@ def _evidence_rows(evidence: Mapping[str, Any], labels: Mapping[str, str], choic
         choice = choices.get(who)
         if not ev or not choice:
             continue
+        if "runs" in ev:  # an SLA search's: its runs and probes; only the counts it has
+            runs = ", ".join(f"{_e(lp)} {n}" for lp, n in (ev.get("runs") or {}).items())
+            rest = "; ".join([f"probes {ev.get('probes', 0)}", *(f"{label} {ev[key]}" for key, label in _EVIDENCE
+                                                                 if key in ev)])
+            rows.append(f"<tr class='st-decision-evidence' data-who='{who}'><td>{title}: {_e(choice.get('label'))}</td>"
+                        f"<td>SLA search runs per load point: {runs}</td><td>{_e(rest)}</td></tr>")
+            continue
         reps = ", ".join(f"{_e(lp)} {n}" for lp, n in (ev.get("repeats") or {}).items())
         rest = "; ".join(f"{label} {ev.get(key, 0)}" for key, label in _EVIDENCE)
         rows.append(f"<tr class='st-decision-evidence' data-who='{who}'><td>{title}: {_e(choice.get('label'))}</td>"
@@ -122,7 +129,32 @@ def _evidence_rows(evidence: Mapping[str, Any], labels: Mapping[str, str], choic
     return "".join(rows)
 
 
+def _is_sla(c: Mapping[str, Any]) -> bool:
+    """Whether ``c`` is a decision on SLA searches' max rate at SLO (:mod:`analysis.sla_decision`)."""
+    return any("boundary_ci95_rps" in cell for who in ("winner", "runner_up")
+               for cell in ((c.get(who) or {}).get("per_load_point") or {}).values())
+
+
+def _sla_per_load_point(c: Mapping[str, Any]) -> str:
+    rows = []
+    for who in ("winner", "runner_up"):
+        for lp, cell in ((c.get(who) or {}).get("per_load_point") or {}).items():
+            ci = cell.get("boundary_ci95_rps")
+            typical = (f"{num(cell.get('boundary_estimate_rps'))} [{num(ci[0])}, {num(ci[1])}]" if ci else
+                       "– (one run: no interval over runs)")
+            brackets = ", ".join(f"[{num(lo)}, {num(hi)}]" for lo, hi in cell.get("brackets_rps") or [])
+            rows.append(f"<tr class='st-decision-sla' data-who='{who}' data-rate='{cell.get('objective')}'>"
+                        f"<td>{'recommended' if who == 'winner' else 'runner-up'}</td><td>{_e(lp)}</td>"
+                        f"<td>{num(cell.get('objective'))}</td><td>{typical}</td><td>{_e(brackets)}</td>"
+                        f"<td>{cell.get('repeats')}</td><td>{_e(', '.join(cell.get('stopped') or []))}</td></tr>")
+    return ("<table class='st-table st-decision-cells'><tr><th></th><th>SLA search load point</th>"
+            "<th>max rate at SLO, met in every run (req/s)</th><th>typical boundary, 95% over runs (req/s)</th>"
+            f"<th>each run's bracket</th><th>runs</th><th>stopped</th></tr>{''.join(rows)}</table>") if rows else ""
+
+
 def _per_load_point(c: Mapping[str, Any], slo_cols: Sequence[str]) -> str:
+    if _is_sla(c):
+        return _sla_per_load_point(c)
     head = "".join(f"<th>{_e(col)} upper bound (ms)</th>" for col in slo_cols)
     rows = []
     for who in ("winner", "runner_up"):
@@ -156,14 +188,19 @@ def class_html(c: Mapping[str, Any], doc: Mapping[str, Any], commands: Mapping[s
             parts.append(f"<div class='st-note'>serve it with (copy):</div><pre class='st-cmd st-decision-command'>"
                          f"{_e(cmd)}</pre>")
     else:
+        why = ("no config's SLA search found a rate meeting every SLO in every run" if _is_sla(c) or
+               "no_rate_meeting_slos_in_every_run" in (c.get("excluded") or {}) else
+               "no config meets every SLO on every load point")
         parts.append(f"<div class='st-decision-winner st-decision-none winner' data-config='' data-class='{_e(cls)}'>"
-                     "Nothing to recommend: no config meets every SLO on every load point.</div>")
+                     f"Nothing to recommend: {why}.</div>")
     margin = c.get("margin") or {}
     dist = bool(c.get("distinguishable"))
     if run:
         low, high = margin.get("low"), margin.get("high")
         shown = (f"{num(margin.get('estimate'))} [{num(low)}, {num(high)}] (95% bootstrap interval)"
-                 if low is not None and high is not None else f"{num(margin.get('estimate'))} (no interval)")
+                 if low is not None and high is not None else
+                 f"{num(margin.get('estimate'))} (judged by the intervals over runs below)" if _is_sla(c) else
+                 f"{num(margin.get('estimate'))} (no interval)")
         parts.append(f"<div class='st-decision-runner-up' data-config='{_e(run['config_id'])}'>Runner-up: "
                      f"<b>{_e(run.get('label') or run['config_id'])}</b>, rule score {num(run.get('score'))}; margin "
                      f"{shown}: <span class='st-decision-margin' data-distinguishable='{str(dist).lower()}'>"
@@ -219,6 +256,11 @@ def decision_html(doc: Mapping[str, Any], commands: Mapping[str, str], labels: M
                      "warnings): no trial is left out as drift-suspect.</div>")
     for c in doc.get("classes") or []:
         parts.append(class_html(c, doc, commands, labels))
+    apart = [c for c in doc.get("sla") or [] if c not in (doc.get("classes") or [])]
+    if apart:
+        parts.append("<h3 style='font-size: 1.2em' class='st-decision-sla-apart'>SLA search load points, decided apart "
+                     "on max rate at SLO</h3>")
+        parts.extend(class_html(c, doc, commands, labels) for c in apart)
     warns = doc.get("warnings") or []
     if warns:
         parts.append("<h4 style='font-size: 1.05em'>Warnings</h4>" + "".join(
@@ -231,7 +273,7 @@ def named_configs(doc: Mapping[str, Any]) -> set[str]:
     """Every config id the decision names (winners, runners-up, the winners past each threshold),
     without a cross-hardware entry's ``@<class>``."""
     out: set[str] = set()
-    for c in doc.get("classes") or []:
+    for c in [*(doc.get("classes") or []), *(doc.get("sla") or [])]:
         for who in ("winner", "runner_up"):
             if c.get(who):
                 out.add(str(c[who]["config_id"]))

@@ -262,7 +262,8 @@ def test_the_preview_says_later_rounds_are_not_in_it(tmp_path: Path, capsys: pyt
 # ---------------------------------------------------------------------------- a sweep, resumed
 
 
-def test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer(tmp_path: Path, tiny_cache: Path) -> None:
+def test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer(tmp_path: Path, tiny_cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(SPEC)
     root = tmp_path / "runs"
@@ -303,6 +304,11 @@ def test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer(tmp_path
     assert all(len(ids) == 1 for ids in by_index.values()), by_index
     assert len(by_index) == sum(len(st.rounds) for st in states)
     assert {i // SLA_BATCH_OFFSET for i in by_index} == set(range(max(len(st.rounds) for st in states)))
+    # and every probe ran once: a round in flight is not queued again by each of its results
+    conn = sqlite3.connect(root / "slasweep" / "experiment.sqlite")
+    runs_of = dict(conn.execute("SELECT trial_id, COUNT(*) FROM attempts GROUP BY trial_id").fetchall())
+    conn.close()
+    assert len(runs_of) == n_trials and set(runs_of.values()) == {1}, sorted(runs_of.values())[-5:]
     # resumed: the rounds are re-derived from the store, nothing runs again, the same answer is printed
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=cli_env(tiny_cache))
     assert again.returncode == 0, again.stderr[-3000:]
@@ -324,3 +330,48 @@ def test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{len(ids)} trial(s) in 1 batch(es)" in resumed.stderr, resumed.stderr[-3000:]
     assert table == [line for line in resumed.stdout.splitlines() if "req/s" in line and "max_num_seqs" in line]
+    # what to deploy: `recommend` decides on the searches' max rate at SLO, not on the probed rates
+    rec = subprocess.run(coordinator_cmd("recommend", "slasweep", "--results-root", str(root), "--json"),
+                         capture_output=True, text=True, timeout=120, env=cli_env(tiny_cache))
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    decision = json.loads(rec.stdout)
+    assert decision["objective"] == "max_rate_at_slo_rps" and list(decision["weights"]) == ["sla"]
+    best = min(doc["searches"], key=lambda d: (-(d["met_in_every_run_rps"] or 0), d["config_id"]))  # ties: smaller id
+    (cls,) = decision["classes"]
+    assert cls["winner"]["config_id"] == best["config_id"]
+    assert cls["winner"]["per_load_point"]["sla"]["objective"] == best["met_in_every_run_rps"]
+    assert not cls["distinguishable"] and "one run per config gives no interval" in cls["sentence"]
+    assert "sla_one_run" in {w["code"] for w in decision["warnings"]}
+    assert decision["serve_commands"][best["config_id"]].rstrip().endswith(
+        f"--max-num-seqs {best['config_label'].split('=')[1]}")
+    for bad, text in ((["--slo", "ttft_ms_p90<=400"], "cannot re-judge"), (["--weights", "sla@8rps=1"], "known: sla")):
+        refused = subprocess.run(coordinator_cmd("recommend", "slasweep", "--results-root", str(root), *bad),
+                                 capture_output=True, text=True, timeout=120, env=cli_env(tiny_cache))
+        assert refused.returncode == 2 and text in refused.stderr, refused.stderr[-2000:]
+    # the same decision for every reader of the dataset (report, notebooks): the record beside results.nc is read
+    from analysis.load import load
+
+    again_d = load("slasweep", root).sweep.recommend(n_boot=0)
+    assert again_d.objective == "max_rate_at_slo_rps" and again_d.classes[0].winner.config_id == best["config_id"]
+    # and the dashboard's Decision page: one weight for the search (not one per probed rate), the same config
+    from tests.test_dashboard_decision import _page, _shown, _winners
+
+    page = _page(root, "slasweep", monkeypatch)
+    assert page.load_points == ["sla"] and len(page.weights) == 1
+    text = _shown(page)
+    assert _winners(text) == [best["config_id"]] and "max rate at SLO, met in every run (req/s)" in text
+    # the page's CLI line, run as shown, names the page's config
+    import html
+    import re
+    import shlex
+
+    from analysis import decide_cli
+
+    line = re.search(r"class='st-cmd st-decision-cli'>([^<]*)<", text)
+    assert line is not None
+    words = shlex.split(html.unescape(line.group(1)))
+    assert words[4:7] == ["slasweep", "--weights", "sla=1"], words
+    monkeypatch.setenv("SERVETUNE_RESULTS_ROOT", str(root))
+    assert decide_cli.main([*words[4:], "--json"]) == 0
+    page.bounds[0].value = 400.0  # a bound the searches were not judged against: named, not a crash
+    assert "st-decision-refused" in _shown(page) and "cannot re-judge" in _shown(page)

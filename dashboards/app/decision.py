@@ -34,6 +34,7 @@ from analysis.decide_cli import RECORD_FILE, parse_slo, parse_weights
 from analysis.decide_cli import build_parser as recommend_parser
 from analysis.decision import RULES, Prepared, prepare, recommend
 from analysis.frame import AnalysisInputError
+from analysis.sla_decision import read_sla_searches
 from dashboards.app import Context, esc, on_result, state
 from dashboards.app.settle import into, settle
 from dashboards.app.versioned import RestartOnNewVersion
@@ -61,9 +62,9 @@ def serve_commands(folder: Path, doc: dict[str, Any]) -> dict[str, str]:
     ``<id>@<class>`` gets its config's command)."""
     ds, df = state.dataset(folder), state.table(folder)
     out: dict[str, str] = {}
-    for c in doc.get("classes") or []:
+    for c in [*(doc.get("classes") or []), *(doc.get("sla") or [])]:
         win = c.get("winner")
-        if not win:
+        if not win or str(win["config_id"]) in out:
             continue
         cid = str(win["config_id"])
         plain = cid.rsplit("@", 1)[0] if str(doc.get("mode", "")).startswith("cross-hardware") else cid
@@ -116,7 +117,14 @@ class DecisionPage(RestartOnNewVersion, pn.viewable.Viewer):
         assert ctx.folder is not None
         self.ctx, self.folder = ctx, ctx.folder
         ds, df = state.dataset(self.folder), state.table(self.folder)
-        self.load_points = sorted(set(df["load_point"].astype(str).unique().tolist()) - {""}) if "load_point" in df else []
+        self.sla_error = ""
+        try:  # an SLA search's probes are decided under their search's load point, not one by one
+            self.sla = read_sla_searches(self.folder, df, str(ds.attrs.get("spec_hash", "")))
+        except AnalysisInputError as exc:
+            self.sla, self.sla_error = None, str(exc)
+        probes = set().union(*(s.trial_ids for s in self.sla[0])) if self.sla else set()
+        lps = df.loc[~df["trial_id"].astype(str).isin(probes), "load_point"] if "load_point" in df else []
+        self.load_points = sorted((set(map(str, lps)) | {s.load_point for s in (self.sla or ([], []))[0]}) - {""})
         try:
             preset = parse_weights(ctx.arg("weights") or None) or {}
         except AnalysisInputError:
@@ -163,6 +171,8 @@ class DecisionPage(RestartOnNewVersion, pn.viewable.Viewer):
     def start(self) -> None:
         """Decide (or fetch the cached decision for these inputs) in the background."""
         try:
+            if self.sla_error:
+                raise AnalysisInputError(self.sla_error)
             inputs = self.inputs()
         except AnalysisInputError as exc:
             self.body.objects = [pn.pane.HTML(f"<div class='st-warn st-decision-refused'>{esc(exc)}</div>")]
@@ -171,11 +181,12 @@ class DecisionPage(RestartOnNewVersion, pn.viewable.Viewer):
             pn.state.location.update_query(weights=",".join(f"{lp}={w:g}" for lp, w in inputs["weights"].items()))
         self.body.objects = [pn.pane.HTML("<div class='st-progress-text'>deciding...</div>"),
                              pn.indicators.LoadingSpinner(value=True, size=30)]
-        folder, v = self.folder, state.version(self.folder)
+        folder, v, sla = self.folder, state.version(self.folder), self.sla
         key = ("decision", str(folder), v, json.dumps(inputs, sort_keys=True))
 
         def compute() -> dict[str, Any]:
-            d = recommend(state.dataset(folder), n_boot=N_BOOT, seed=SEED, prepared=prepared(folder, v), **inputs)
+            d = recommend(state.dataset(folder), n_boot=N_BOOT, seed=SEED, prepared=prepared(folder, v), sla=sla,
+                          **inputs)
             return jsonable(d)  # type: ignore[no-any-return]
 
         fut = state.background(key, compute)

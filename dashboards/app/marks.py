@@ -142,10 +142,16 @@ def synthetic_html(folder: Path | None) -> str:
         html = ("<div class='st-synthetic'>SYNTHETIC DATA: this experiment was generated with planted effects; "
                 "nothing in it was measured on a real server.</div>")
     try:  # the dataset the pages read anyway (cached per version); one that cannot load has no banner here
-        simulated = state.dataset(folder).attrs.get("simulated") if (folder / DATASET_FILE).exists() else None
+        attrs = state.dataset(folder).attrs if (folder / DATASET_FILE).exists() else {}
     except (ServetuneError, OSError, ValueError):
-        simulated = None
+        attrs = {}
+    simulated = attrs.get("simulated")
     if simulated:  # set by analysis.load: trials of the sim backend, their profiles and calibration
         html += (f"<div class='st-synthetic st-simulated'>{esc(str(simulated))}: these trials ran on the simulated "
                  "vLLM (servetune.sim); nothing in them was measured on a real server.</div>")
+    screening = int(attrs.get("screening_trials", 0) or 0)
+    if screening:  # set by analysis.load: a successive-halving sweep's shorter rungs, left out of every page
+        html += (f"<div class='st-note st-screening'>{screening} screening trial(s) of successive halving, measured "
+                 "on shortened load points, are left out of every page (only full-fidelity trials are results); "
+                 "analysis.load(NAME, fidelity='all') has them.</div>")
     return html
