@@ -465,6 +465,125 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                if False:\n",
         ("tests/test_sla_search.py::test_the_spec_rules_name_the_key",),
     ),
+    Mutation(
+        "sla-round-in-flight-requeued", "a round in flight is not queued again by each of its results (a probe runs once)",
+        "coordinator/sla_search.py",
+        "        if only is not None and any(m.trial_id in only for m in st.pending):\n            continue\n",
+        "",
+        ("tests/test_sla_search.py::test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer",),
+    ),
+    # ---------------------------------------------------------------- SLA decision (analysis.sla_decision)
+    Mutation(
+        "sla-decision-overlap-distinguishable", "an SLA winner is distinguishable only when its interval over runs "
+        "lies wholly above the runner-up's",
+        "analysis/sla_decision.py",
+        "(lo_w > hi_r).all())",
+        "(t.rate[win, used] > t.rate[run, used]).all())",
+        ("tests/test_sla_decision.py",),
+    ),
+    Mutation(
+        "sla-decision-rateless-candidate", "a config whose SLA search met no rate in every run is never recommended",
+        "analysis/decision.py",
+        "    feasible = np.isfinite(t.rate).all(axis=1)\n",
+        "    feasible = np.isfinite(t.rate).any(axis=1) | True\n",
+        ("tests/test_sla_decision.py",),
+    ),
+    Mutation(
+        "sla-decision-record-ignored", "recommend decides an SLA search experiment on the record next to its dataset",
+        "analysis/decision.py",
+        "        sla = sla_of(ds, table)\n",
+        "        sla = None\n",
+        ("tests/test_sla_search.py::test_a_sweep_runs_round_after_round_then_resumes_to_the_same_answer",),
+    ),
+    Mutation(
+        "sla-decision-stale-record", "an SLA search record from another spec is refused",
+        "analysis/sla_decision.py",
+        '    if str(doc.get("spec_hash", "")) != spec_hash:\n',
+        '    if False:\n',
+        ("tests/test_sla_decision.py",),
+    ),
+    Mutation(
+        "sla-decision-malformed-probe-dropped", "a search whose probe trial ids are not strings is refused by name, "
+        "not dropped as a search of another hardware class",
+        "analysis/sla_decision.py",
+        'not isinstance(p, dict) or not isinstance(p.get("trial_id"), str) or p["trial_id"] in classes',
+        'isinstance(p, dict) and isinstance(p.get("trial_id"), str) and p["trial_id"] in classes',
+        ("tests/test_sla_decision.py::test_a_malformed_probe_trial_id_on_disk_is_refused_by_name",),
+    ),
+    # ---------------------------------------------------------------- control core
+    Mutation(
+        "control-add-leased-twice", "a trial under a live lease is not queued again by ControlCore.add",
+        "coordinator/control.py",
+        " and self.leases.for_trial(t.trial_id) is None)",
+        ")",
+        ("tests/test_control.py::test_a_trial_already_queued_or_leased_is_not_queued_again",),
+    ),
+    # ---------------------------------------------------------------- preflight
+    Mutation(
+        "preflight-broken-vllm-blamed-on-the-config",
+        "a vLLM that does not import, found after a failed server start, is a daemon error",
+        "daemon/batch.py",
+        "                if broken is not None:  # vLLM itself",
+        "                if broken is None and False:  # vLLM itself",
+        ("tests/test_preflight.py::test_a_vllm_that_does_not_import_is_a_daemon_error_after_the_failed_start_never_a_measurement",),
+    ),
+    Mutation(
+        "preflight-import-before-every-batch", "a batch defers vLLM's import to its server start",
+        "daemon/preflight.py",
+        "        if defer_import:\n",
+        "        if False:\n",
+        ("tests/test_preflight.py::test_a_batch_defers_the_import_to_its_server_start_which_proves_it",),
+    ),
+    # ---------------------------------------------------------------- successive halving
+    Mutation(
+        'halving-screening-ranked', "the coordinator's ranking leaves a halving rung's screening trials out",
+        'coordinator/summary.py',
+        'if tid in planned and m.fidelity >= 1.0]',
+        'if tid in planned]',
+        ('tests/test_sweep_halving.py::test_a_halving_sweep_runs_each_rung_shortened_and_ranks_only_full_trials',),
+    ),
+    Mutation(
+        'halving-screening-loaded', 'analysis.load leaves screening trials out unless asked',
+        'analysis/load.py',
+        'if fidelity == "full" and "fidelity" in loaded.coords:',
+        'if False:',
+        ('tests/test_sweep_halving.py::test_a_halving_sweep_runs_each_rung_shortened_and_ranks_only_full_trials',),
+    ),
+    Mutation(
+        'halving-promotes-the-worst', 'a rung promotes its best configs',
+        'coordinator/planning/halving.py',
+        '            return (0, -values[0], order)',
+        '            return (0, values[0], order)',
+        ('tests/test_sweep_halving.py::test_the_best_third_meeting_the_slos_is_promoted_never_a_failed_config',),
+    ),
+    Mutation(
+        'halving-rung-not-shortened', 'a rung below full fidelity runs shortened load points',
+        'servetune/manifest.py',
+        '                load_point=at_fidelity(lp, rung),',
+        '                load_point=lp,',
+        ('tests/test_sweep_halving.py::test_a_halving_sweep_runs_each_rung_shortened_and_ranks_only_full_trials',),
+    ),
+    Mutation(
+        'halving-promotes-a-failed-config', 'a config that failed by its own fault is never promoted',
+        'coordinator/planning/halving.py',
+        '        usable = [i for i, tier in self._tiers(k) if tier < 2]',
+        '        usable = [i for i, _ in self._tiers(k)]',
+        ('tests/test_sweep_halving.py::test_a_rung_with_every_config_failed_ends_the_search',),
+    ),
+    Mutation(
+        'halving-loop-pools-fidelities', "the loop tells a config once per fidelity, with that fidelity's trials only",
+        'coordinator/adaptive_loop.py',
+        '                     if not m.is_baseline and m.fidelity == fidelity]',
+        '                     if not m.is_baseline]',
+        ('tests/test_sweep_halving.py::test_a_halving_sweep_runs_each_rung_shortened_and_ranks_only_full_trials',),
+    ),
+    Mutation(
+        'searchbench-screening-is-a-hit', 'the planner benchmark never takes a screening trial for a result',
+        'benchmarks/search/run.py',
+        '            if f < 1.0:\n                continue',
+        '            if False:\n                continue',
+        ('tests/test_search_bench.py::test_successive_halving_hits_only_on_a_full_trial_and_pays_its_screening',),
+    ),
 )
 
 

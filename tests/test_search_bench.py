@@ -26,7 +26,7 @@ def _planted(values: list[tuple[float, float]], seeds: range) -> Cache:
     assert len(configs) == len(values)
     cache = Cache(None, spec)
     table = {c.config_id: Outcome(_metrics(v, lat), 10.0) for c, (v, lat) in zip(configs, values)}
-    for draw in ["truth", *(f"seed{s}" for s in seeds)]:
+    for draw in ["truth", *(f"seed{s}{f}" for s in seeds for f in ("", "-f0.111111", "-f0.333333"))]:
         cache.mem[draw] = dict(table)
     return cache
 
@@ -68,6 +68,31 @@ def test_judged_on_the_truth_not_the_noisy_draw() -> None:
     # config 2 stays the noisy best through the whole grid: never within 2% of the optimum on the truth
     r = drive(truth, cache, PLANNERS["grid"], 0)
     assert r.hit is None and r.trials_run == 18
+
+
+def test_a_batch_of_four_is_judged_when_the_whole_batch_is_in() -> None:
+    """Four daemons run a batch's configs at once: a hit is credited at the end of its batch, with
+    every trial of it paid (never at the optimum's position inside the batch)."""
+    values = [(50.0 + i, 100.0) for i in range(18)]
+    values[11] = (1000.0, 100.0)
+    cache = _planted(values, range(6))
+    truth = surface_truth("h100-8b-long-prompt", cache)
+    for seed in range(6):
+        r = drive(truth, cache, PLANNERS["tpe-batch4"], seed)
+        assert r.hit is not None and (r.hit % 4 == 0 or r.hit == 18), (seed, r.hit)
+        assert r.trials_run == r.hit and r.gpu_s_to_hit == pytest.approx(10.0 * r.hit)
+
+
+def test_successive_halving_hits_only_on_a_full_trial_and_pays_its_screening() -> None:
+    """Every config is within 2% here, so the first full-fidelity trial is a hit: it is the last of
+    the 3 -> 1 -> 1 rungs (a screening trial is never a result), and all 5 trials are paid."""
+    values = [(1000.0, 100.0)] * 18
+    cache = _planted(values, range(4))
+    truth = surface_truth("h100-8b-long-prompt", cache)
+    for seed in range(4):
+        r = drive(truth, cache, PLANNERS["halving"], seed)
+        assert (r.budget, r.hit, r.trials_run) == (5, 5, 5), (seed, r)
+        assert r.gpu_s_to_hit == pytest.approx(50.0)
 
 
 def test_median_interval_is_the_order_statistic_one() -> None:

@@ -23,6 +23,7 @@ from benchmarks.search.surfaces import surface_spec
 from benchmarks.search.truth import Cache, summary, true_value
 from coordinator.planning import Planner, create_planner
 from coordinator.planning.adaptive import OptunaPlanner
+from coordinator.planning.halving import HalvingPlanner
 from servetune.manifest import EngineConfig
 from servetune.ranking import TrialSummary, rank
 from servetune.spec import ExperimentSpec
@@ -66,6 +67,13 @@ PLANNERS: dict[str, PlannerCase] = {c.name: c for c in [
     PlannerCase("tpe-startup5", lambda seed, n: {"kind": "optuna", "sampler": "tpe", "n_trials": n, "batch": 1,
                                                   "seed": seed}, cls=TPEStartup5,
                 note="benchmark-only: TPESampler(n_startup_trials=5)"),
+    PlannerCase("tpe-batch4", lambda seed, n: {"kind": "optuna", "sampler": "tpe", "n_trials": n, "batch": 4,
+                                                "seed": seed},
+                note="sampler: tpe, batch: 4 (four daemons asking at once: 4 configs per ask, constant liar)"),
+    PlannerCase("halving", lambda seed, n: {"kind": "halving", "n_configs": math.ceil(QUASI_FRACTION * n), "eta": 3,
+                                             "seed": seed},
+                note=f"successive halving: {QUASI_FRACTION:.0%} of the grid drawn at random at 1/9 of the load point, "
+                     "the best third at 1/3, the best third of those in full"),
     PlannerCase("gp", lambda seed, n: {"kind": "optuna", "sampler": "gp", "n_trials": n, "batch": 1, "seed": seed},
                 note="sampler: gp, Optuna's GPSampler, default settings"),
     PlannerCase("nsga2", lambda seed, n: {"kind": "optuna", "sampler": "nsga2", "n_trials": n, "batch": 1, "seed": seed},
@@ -136,32 +144,43 @@ def drive(truth: SurfaceTruth, cache: Cache, case: PlannerCase, seed: int) -> Ru
     gpu_hit: float | None = None
     first = True
     budget = 0
+    fidelity: dict[str, float] = {}
     while not planner.done:
         if first and not planner.adaptive:  # the sweep's order of a fixed design: pruned and randomised as planned
             asked = [b.config for b in planner.plan().batches if not b.is_baseline]
             budget = len(asked)
         else:
-            asked = planner.ask()
+            at = planner.ask_at()
+            asked = [c for c, _ in at]
+            fidelity = {c.config_id: f for c, f in at}
         first = False
         if not asked:
             break
         for config in asked:
-            outcome = cache.get(config, seed)
+            f = fidelity.get(config.config_id, 1.0) if planner.adaptive else 1.0
+            outcome = cache.get(config, seed, f)
             told = summary(spec, config, outcome)
             trials += 1
             gpu += outcome.gpu_s
             if planner.adaptive:
-                planner.tell(config, [told])
+                planner.tell_at(config, f, [told])
+            if f < 1.0:
+                continue  # a screening trial: never a result (the product ranks full-fidelity trials only)
             rows = rank(best + [told], spec.ranking)[told.load_point]
             if rows[0].config_id == told.config_id:
                 best = [told]
-            if hit is None and truth.values.get(best[0].config_id, -math.inf) >= target:
+            # a fixed design runs one config after another (judged after each); an adaptive batch's
+            # configs run at once, one per daemon: judged when the whole batch is in, every trial paid
+            if not planner.adaptive and truth.values.get(best[0].config_id, -math.inf) >= target:
                 hit, gpu_hit = trials, gpu
                 break
+        if planner.adaptive and best and truth.values.get(best[0].config_id, -math.inf) >= target:
+            hit, gpu_hit = trials, gpu
         if hit is not None:
             break
     if planner.adaptive:
-        budget = planner.n_trials if isinstance(planner, OptunaPlanner) else trials
+        budget = planner.n_trials if isinstance(planner, OptunaPlanner) else \
+            sum(planner.sizes) if isinstance(planner, HalvingPlanner) else trials
     return RunResult(case.name, seed, budget, hit, gpu_hit, gpu, trials, time.process_time() - t0)
 
 

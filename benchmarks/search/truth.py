@@ -20,7 +20,7 @@ from typing import Any
 
 from coordinator.preview import GPU_START_BASE_S, TRIAL_OVERHEAD_S, WEIGHT_LOAD_BYTES_S
 from daemon.sim_backend import expected_trial, sim_server, simulate_trial
-from servetune.manifest import EngineConfig
+from servetune.manifest import EngineConfig, at_fidelity
 from servetune.metrics import summary_dict
 from servetune.ranking import TrialSummary, meets_slos
 from servetune.sim.engine import SimStartError
@@ -45,11 +45,12 @@ def start_s(spec: ExperimentSpec, config: EngineConfig) -> float:
     return GPU_START_BASE_S + shape.weight_bytes / tp / WEIGHT_LOAD_BYTES_S
 
 
-def simulate(spec: ExperimentSpec, config: EngineConfig, seed: int | None) -> Outcome:
-    """One trial of ``config`` at the spec's load point: noisy under ``seed``, the truth when None."""
+def simulate(spec: ExperimentSpec, config: EngineConfig, seed: int | None, fidelity: float = 1.0) -> Outcome:
+    """One trial of ``config`` at the spec's load point (shortened to ``fidelity`` as a
+    successive-halving rung plans it): noisy under ``seed``, the truth when None."""
     tp = config.args.tensor_parallel_size or 1
     backend = spec.backend.model_copy(update={"noise": seed is not None})
-    lp = spec.load_points[0]
+    lp = at_fidelity(spec.load_points[0], fidelity)
     try:
         server = sim_server(backend, config)
     except SimStartError:
@@ -119,13 +120,15 @@ class Cache:
             self.mem[draw] = table
         return self.mem[draw]
 
-    def get(self, config: EngineConfig, seed: int | None) -> Outcome:
-        draw = "truth" if seed is None else f"seed{seed}"
+    def get(self, config: EngineConfig, seed: int | None, fidelity: float = 1.0) -> Outcome:
+        """The outcome of ``config`` in draw ``seed`` (None: the truth), at ``fidelity`` of the load
+        point (a shorter trial is a draw of its own: its own noise, its own GPU-seconds)."""
+        draw = ("truth" if seed is None else f"seed{seed}") + ("" if fidelity >= 1 else f"-f{fidelity:g}")
         table = self._table(draw)
         got = table.get(config.config_id)
         if got is None:
-            noise = None if seed is None else _draw_seed(seed, config.config_id)
-            out = simulate(self.spec, config, noise)
+            noise = None if seed is None else _draw_seed(seed, config.config_id + ("" if fidelity >= 1 else f"@{fidelity:g}"))
+            out = simulate(self.spec, config, noise, fidelity)
             got = table[config.config_id] = Outcome(_slim(out.metrics), out.gpu_s)
             self.dirty.add(draw)
         return got
