@@ -277,7 +277,13 @@ def test_every_page_loads_without_console_errors(served: Served, browser, page: 
     marker, exp = PAGES[page]
     tab = Page(browser, served.url(f"page={page}&experiment={exp}"))
     try:
-        tab.page.locator(marker).first.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
+        try:
+            tab.page.locator(marker).first.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
+        except Exception as exc:  # say what the page showed instead, and what the server logged
+            body = str(tab.page.locator("body").inner_text())[-2000:]
+            server = served.log.read_text(encoding="utf-8", errors="replace")[-3000:]
+            raise AssertionError(f"{marker} never appeared ({type(exc).__name__}); the page showed:\n{body}\n"
+                                 f"console errors: {tab.errors}\nserver log tail:\n{server}") from exc
         if page == "parameters":  # four background analyses: each replaces its progress text when done
             for section in ("failure", "pd", "interactions", "importance"):
                 tab.page.locator(f"[data-section='{section}'].st-section-done").first.wait_for(
