@@ -280,7 +280,8 @@ def test_every_page_loads_without_console_errors(served: Served, browser, page: 
         try:
             tab.page.locator(marker).first.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
         except Exception as exc:  # say what the page showed instead, and what the server logged
-            body = str(tab.page.locator("body").inner_text())[-2000:]
+            # Panel renders into shadow roots, which body.inner_text() does not enter; locators do
+            body = "\n".join(tab.page.locator(".st-title, .st-progress-text, .st-warn, .st-error").all_inner_texts())[-2000:]
             server = served.log.read_text(encoding="utf-8", errors="replace")[-3000:]
             raise AssertionError(f"{marker} never appeared ({type(exc).__name__}); the page showed:\n{body}\n"
                                  f"console errors: {tab.errors}\nserver log tail:\n{server}") from exc
