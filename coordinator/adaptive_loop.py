@@ -76,6 +76,9 @@ class AdaptiveLoop:
             for key in list(self.untold):
                 self._tell_if_finished(store, key)
             new = self._ask()
+            pruned = self.planner.take_pruned()
+            if pruned:  # configs the planner found unable to run, instead of asking for them
+                store.add_pruned(self.spec_hash, pruned)
             if not new:
                 return out
             for b in new:

@@ -37,7 +37,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ from typing import Any
 
 from servetune.canonical import canonical_json
 from servetune.errors import ServetuneError
-from servetune.manifest import Plan, TrialManifest
+from servetune.manifest import Plan, PrunedConfig, TrialManifest
 from servetune.schema import DB_FILE
 from servetune.states import check_attempt
 
@@ -266,10 +266,7 @@ class Store:
             c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('experiment', ?)", (plan.experiment,))
             if plan.pruned:
                 c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (
-                    f"{_PRUNED_KEY}{spec_hash}", canonical_json([
-                        {"config_id": p.config_id, "engine": p.config.model_dump(mode="json"),
-                         "hardware_target": p.hardware_target, "is_baseline": p.is_baseline, "reason": p.reason}
-                        for p in plan.pruned])))
+                    f"{_PRUNED_KEY}{spec_hash}", canonical_json([_pruned_entry(p) for p in plan.pruned])))
             order = 0
             for batch in plan.batches:
                 for m in batch.trials:
@@ -285,6 +282,20 @@ class Store:
                         (spec_hash, m.trial_id, order, batch.index),
                     )
                     order += 1
+
+    def add_pruned(self, spec_hash: str, pruned: Sequence[PrunedConfig]) -> None:
+        """Add configs an adaptive planner left out during the sweep to those recorded for
+        ``spec_hash`` (one entry per config and target, the first reason kept)."""
+        with self._tx() as c:
+            key = f"{_PRUNED_KEY}{spec_hash}"
+            row = c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            entries = list(json.loads(row["value"])) if row else []
+            seen = {(e["config_id"], e["hardware_target"]) for e in entries}
+            for p in pruned:
+                if (p.config_id, p.hardware_target) not in seen:
+                    seen.add((p.config_id, p.hardware_target))
+                    entries.append(_pruned_entry(p))
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, canonical_json(entries)))
 
     def pruned_configs(self, spec_hash: str) -> list[dict[str, Any]]:
         """The engine configs the plan of ``spec_hash`` left out before any trial (``config_id``,
@@ -716,6 +727,12 @@ class Store:
             "UPDATE sweeps SET status='died', finished_at_us=? WHERE status='running'", (now_us(),)
         )
         return cur.rowcount
+
+
+def _pruned_entry(p: PrunedConfig) -> dict[str, Any]:
+    """How a pruned config is recorded (:meth:`Store.pruned_configs` reads it back)."""
+    return {"config_id": p.config_id, "engine": p.config.model_dump(mode="json"),
+            "hardware_target": p.hardware_target, "is_baseline": p.is_baseline, "reason": p.reason}
 
 
 def _holds(path: Path, text: str) -> bool:

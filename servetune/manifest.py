@@ -21,7 +21,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from servetune.canonical import drop_added_defaults, sha256_json
-from servetune.memfit import memory_pruner
+from servetune.memfit import Pruner, memory_pruner
 from servetune.sla import first_rates
 from servetune.spec import (
     DERIVED_MARK,
@@ -30,6 +30,8 @@ from servetune.spec import (
     ExperimentSpec,
     LoadPoint,
     ModelSpec,
+    engine_architecture,
+    engine_combination_problems,
 )
 from servetune.tiny import tiny_identity
 from servetune.yamlsafe import read_regular_file
@@ -206,7 +208,7 @@ class PlannedBatch:
 @dataclass(frozen=True)
 class PrunedConfig:
     """An engine config planning left out before any trial, on one hardware target, and why
-    (:func:`servetune.memfit.memory_pruner`): it is recorded with the plan, never dropped silently."""
+    (:class:`StartCheck`): it is recorded with the plan, never dropped silently."""
 
     config: EngineConfig
     hardware_target: str | None
@@ -216,6 +218,42 @@ class PrunedConfig:
     @property
     def config_id(self) -> str:
         return self.config.config_id
+
+
+class StartCheck:
+    """Why an engine config cannot run, known before any trial: a combination of engine args vLLM
+    refuses to start with (:func:`servetune.spec.engine_combination_problems`, against the served
+    model's architecture, on every target), or too little device memory on a hardware target
+    (:func:`servetune.memfit.memory_pruner`). Planning leaves such a config out and records it with
+    the reason (:class:`PrunedConfig`); no design spends a server start on it."""
+
+    def __init__(self, spec: ExperimentSpec, *, memory: bool = True):
+        self.arch = engine_architecture(spec)
+        self.memory: Pruner | None
+        self.memory, self.notes = memory_pruner(spec) if memory else (None, ())
+        self.targets: list[str | None] = list(spec.hardware.labels() if spec.hardware is not None else []) or [None]
+        self._verdicts: dict[tuple[str, str | None], str | None] = {}
+
+    def reason(self, config: EngineConfig, target: str | None) -> str | None:
+        """Why ``config`` cannot run on ``target`` (None: nothing known against it)."""
+        key = (config.config_id, target)
+        if key not in self._verdicts:
+            problems = engine_combination_problems(config.args, self.arch)
+            if problems:
+                self._verdicts[key] = "; ".join(problems)
+            elif self.memory is not None:
+                self._verdicts[key] = self.memory(config.args.model_dump(exclude_none=True), config.env, target)
+            else:
+                self._verdicts[key] = None
+        return self._verdicts[key]
+
+    def pruned_everywhere(self, config: EngineConfig, is_baseline: bool = False) -> list[PrunedConfig]:
+        """``config``'s pruned entries, one per target, when it cannot run on any target (else [])."""
+        reasons = [(t, self.reason(config, t)) for t in self.targets]
+        if any(r is None for _, r in reasons):
+            return []
+        return [PrunedConfig(config=config, hardware_target=t, reason=str(r), is_baseline=is_baseline)
+                for t, r in reasons]
 
 
 @dataclass(frozen=True)
@@ -230,7 +268,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: rate-sweep load point name -> how many follow-up rates each of its seed pairs adds
     followup_rates: dict[str, int] = field(default_factory=dict)
-    #: configs left out before any trial (they cannot fit in device memory), with the reason
+    #: configs left out before any trial (vLLM refuses their args, or they cannot fit in device memory), with the reason
     pruned: tuple[PrunedConfig, ...] = field(default_factory=tuple)
     #: where the memory check could prune nothing, why (e.g. no hardware target names its memory)
     prune_notes: tuple[str, ...] = field(default_factory=tuple)
@@ -405,8 +443,8 @@ def plan_configs(
     """Plan ``configs`` (chosen by a design, in the engine space's order) x load point x repeat, as
     :func:`plan_grid` describes; ``design`` and ``notes`` are recorded in the plan.
 
-    With ``prune``, a batch whose config cannot fit in the device memory of its hardware target
-    (:func:`servetune.memfit.memory_pruner`) is left out and recorded in :attr:`Plan.pruned` with
+    With ``prune``, a batch whose config cannot run on its hardware target (:class:`StartCheck`: a
+    combination of engine args vLLM refuses, or too little device memory) is left out and recorded in :attr:`Plan.pruned` with
     the reason, once per (config, target); where nothing can be pruned :attr:`Plan.prune_notes` say why.
 
     With hardware targets (``spec.hardware``), every batch is planned once per target, one after
@@ -472,20 +510,20 @@ def plan_configs(
         run += 1
         ordered.append(make_batch(bl_config, bl_lps, [0], run))
     targets: list[str | None] = list(spec.hardware.labels() if spec.hardware is not None else []) or [None]
-    pruner, prune_notes = memory_pruner(spec) if prune else (None, ())
-    verdicts: dict[tuple[str, str | None], str | None] = {}
+    check = StartCheck(spec) if prune else None
+    prune_notes = check.notes if check is not None else ()
+    recorded: set[tuple[str, str | None]] = set()
     pruned: list[PrunedConfig] = []
     kept: list[tuple[PlannedBatch, str | None]] = []
     for b in ordered:
         for t in targets:
-            key = (b.config_id, t)
-            if pruner is not None and key not in verdicts:
-                verdicts[key] = reason = pruner(b.config.args.model_dump(exclude_none=True), b.config.env, t)
-                if reason is not None:
-                    pruned.append(PrunedConfig(config=b.config, hardware_target=t, reason=reason,
-                                               is_baseline=b.is_baseline))
-            if verdicts.get(key) is None:
+            reason = check.reason(b.config, t) if check is not None else None
+            if reason is None:
                 kept.append((b, t))
+            elif (b.config_id, t) not in recorded:
+                recorded.add((b.config_id, t))
+                pruned.append(PrunedConfig(config=b.config, hardware_target=t, reason=reason,
+                                           is_baseline=b.is_baseline))
     batches = tuple(
         PlannedBatch(index=i, config=b.config, trials=for_target(b.trials, target), is_baseline=b.is_baseline)
         for i, (b, target) in enumerate(kept)

@@ -45,7 +45,7 @@ from pydantic import (
 
 from servetune.errors import SpecError, SpecIssue
 from servetune.hardware import HardwareClassName, HardwareSpec
-from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, PROFILE_NAMES, SHAPE_NAMES
+from servetune.sim.profiles import DEFAULT_SIM_PROFILE, DEFAULT_SIM_SHAPE, PROFILE_NAMES, SHAPE_NAMES, get_shape
 from servetune.yamlsafe import MAX_SPEC_BYTES, YamlRefused, iter_regular_file, load_yaml, read_regular_file
 
 #: The most engine configs a spec may describe under ``planner.kind: grid``, and the most any
@@ -1002,6 +1002,17 @@ def model_architecture(spec: ModelSpec) -> dict[str, Any] | None:
     return None
 
 
+def engine_architecture(spec: ExperimentSpec) -> dict[str, Any] | None:
+    """The architecture the engine args are checked against: the simulated model shape for the
+    ``sim`` backend (it serves that shape, whatever ``model`` says), else the model's config.json
+    (:func:`model_architecture`)."""
+    if spec.backend.kind == "sim":
+        shape = get_shape(spec.backend.model_shape or DEFAULT_SIM_SHAPE)
+        return {"max_position_embeddings": shape.max_position_embeddings,
+                "num_attention_heads": shape.num_attention_heads}
+    return model_architecture(spec.model)
+
+
 def engine_combination_problems(args: EngineArgs, arch: dict[str, Any] | None) -> list[str]:
     """Reasons vLLM is known to refuse this combination of engine args (empty: none known)."""
     problems: list[str] = []
@@ -1107,7 +1118,7 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
             issues.append(SpecIssue(f"load_points[{i}].name", f"{DERIVED_MARK!r} is reserved for rate-sweep load points"))
         if names.index(name) != i:
             issues.append(SpecIssue(f"load_points[{i}].name", f"duplicate load point name {name!r}"))
-    arch = model_architecture(spec.model)
+    arch = engine_architecture(spec)
     configs = spec.engine.expand() if size <= MAX_GRID_CONFIGS else _representatives(spec.engine)
     if spec.baseline is not None:
         base = spec.engine.fixed.model_dump(exclude_none=True)
@@ -1120,11 +1131,20 @@ def check_spec(spec: ExperimentSpec) -> list[SpecIssue]:
                 )
     else:
         configs_with_paths = []
+    # A grid corner vLLM refuses is pruned when the sweep is planned (recorded with the reason,
+    # never run); the baseline and explicit configs (and any config with the same args) are
+    # refused, and so is a grid with no config left.
+    explicit = {_args_key(a) for a, _ in _explicit_configs(spec.engine)}
+    in_grid = [(a, e) for a, e in configs if _args_key(a) not in explicit]
+    corners_pruned = any(not engine_combination_problems(a, arch) for a, _ in in_grid)
+    prunable = {_args_key(a) for a, _ in in_grid} if corners_pruned else set()
+    first_engine = len(configs_with_paths)
     configs_with_paths += [(f"engine (config {_describe(a, e)})", a) for a, e in configs]
     max_pos = arch.get("max_position_embeddings") if arch else None
-    for where, args in configs_with_paths:
-        for problem in engine_combination_problems(args, arch):
-            issues.append(SpecIssue(where, problem))
+    for n, (where, args) in enumerate(configs_with_paths):
+        if n < first_engine or _args_key(args) not in prunable:
+            for problem in engine_combination_problems(args, arch):
+                issues.append(SpecIssue(where, problem))
         max_len = args.max_model_len or (max_pos if isinstance(max_pos, int) else None)
         if max_len is None:
             continue
@@ -1193,6 +1213,25 @@ def _fixed_points_only(spec: ExperimentSpec, kind: str, why: str) -> list[SpecIs
         issues.append(SpecIssue("hardware", f"planner.kind {kind!r} does not plan per hardware target yet: "
                                             "leave hardware out or use a grid, random or quasi-random design"))
     return issues
+
+
+def _args_key(args: EngineArgs) -> str:
+    return json.dumps(args.model_dump(exclude_none=True), sort_keys=True)
+
+
+def _explicit_configs(space: EngineSpace) -> list[tuple[EngineArgs, dict[str, str]]]:
+    """The explicit ``engine.configs``, each merged over ``fixed`` and ``env`` (one per ``env_grid``
+    combination), as :meth:`EngineSpace.expand` lists them after the grid."""
+    base = space.fixed.model_dump(exclude_none=True)
+    env_items = sorted(space.env_grid.items())
+    combos = list(itertools.product(*[v for _, v in env_items])) if env_items else [()]
+    out = []
+    for c in space.configs:
+        extra = c.model_dump(exclude_none=True, exclude={"env"})
+        for combo in combos:
+            out.append((EngineArgs(**{**base, **extra}),
+                        {**space.env, **dict(zip([k for k, _ in env_items], combo)), **c.env}))
+    return out
 
 
 def _representatives(space: EngineSpace) -> list[tuple[EngineArgs, dict[str, str]]]:

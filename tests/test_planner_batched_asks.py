@@ -70,3 +70,31 @@ def test_batched_asks_depend_on_the_seed_and_the_results_not_the_finishing_order
     assert _search(1, sampler, random.Random(5)) == first, \
         "the same seed, with each batch told in another order (daemons finishing differently), asks the same batches"
     assert _search(2, sampler) != first, "another seed asks differently"
+
+
+@pytest.mark.parametrize("sampler", ["tpe"])
+def test_the_optuna_planner_never_asks_a_config_vllm_would_refuse_and_records_it(sampler: str) -> None:
+    """Chunked prefill off with max_num_batched_tokens below max_model_len (2048) cannot start:
+    with n_trials the whole grid, every config that can start is asked, none that cannot, and each
+    of those is reported pruned with vLLM's reason (for the sweep to record)."""
+    text = _spec(0, sampler).model_dump(mode="json", exclude_none=True)
+    text["engine"]["grid"]["enable_chunked_prefill"] = [True, False]
+    text["engine"]["fixed"] = {"max_model_len": 2048}
+    text["planner"] = {"kind": "optuna", "n_trials": 120, "batch": 4, "seed": 0, "sampler": sampler}
+    spec = ExperimentSpec.model_validate(text)
+    planner = create_planner(spec)
+    asked: list[EngineConfig] = []
+    while not planner.done:
+        batch = planner.ask()
+        assert batch, "the planner must ask while it is not done"
+        asked += batch
+        for c in batch:
+            planner.tell(c, _result(c))
+    refused = {c.config_id for c in asked if c.args.enable_chunked_prefill is False
+               and (c.args.max_num_batched_tokens or 0) < 2048}
+    assert not refused, "a config vLLM refuses to start was asked"
+    pruned = planner.take_pruned()
+    assert len(asked) + len(pruned) == 6 * 5 * 2 * 2
+    assert len(pruned) == 6 * 2 * 2  # max_num_batched_tokens 512 and 1024 with chunked prefill off
+    assert all("with chunked prefill off: vLLM refuses to start" in p.reason for p in pruned)
+    assert planner.take_pruned() == (), "each pruned config is reported once"

@@ -284,12 +284,20 @@ def test_a_grid_over_the_limit_is_refused_naming_its_size_and_the_sampled_design
 
 
 def test_refused_combinations_are_found_in_a_space_too_large_to_list() -> None:
-    bad = BIG.replace("[512, 1024,", "[8, 1024,") + "planner: {kind: random, n_configs: 3}\n"
-    issues = _issues(bad)
-    assert any("max_num_batched_tokens (8) < max_num_seqs (10): vLLM refuses to start" in i for i in issues), issues
-    bad = BIG.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 1024, enable_chunked_prefill: false}")
+    """A space too large to list whose every config vLLM refuses is refused; one with some corners
+    refused is accepted, and a sampled design prunes the refused configs it draws, with the reason."""
+    bad = BIG.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 6000, enable_chunked_prefill: false}")
     issues = _issues(bad + "planner: {kind: random, n_configs: 3}\n")
-    assert any("max_num_batched_tokens (512) < max_model_len (1024) with chunked prefill off" in i for i in issues), issues
+    assert any("max_num_batched_tokens (512) < max_model_len (6000) with chunked prefill off" in i for i in issues), issues
+    partly = BIG.replace("[512, 1024,", "[8, 1024,") + "planner: {kind: random, n_configs: 400, seed: 1}\n"
+    plan = plan_experiment(parse_spec(partly))
+    assert plan.pruned, "some drawn config has max_num_batched_tokens 8 below max_num_seqs 9 or 10"
+    for p in plan.pruned:
+        assert p.config.args.max_num_batched_tokens == 8 and (p.config.args.max_num_seqs or 0) > 8
+        assert f"max_num_batched_tokens (8) < max_num_seqs ({p.config.args.max_num_seqs}): vLLM refuses" in p.reason
+    assert len(_config_ids(plan)) + len(plan.pruned) == 400
+    assert all(b.config.args.max_num_batched_tokens != 8 or (b.config.args.max_num_seqs or 0) <= 8
+               for b in plan.batches)
 
 
 @pytest.mark.parametrize("kind", ["random", "quasi-random"])

@@ -68,6 +68,21 @@ def test_wrong_type_and_out_of_range() -> None:
     assert any(i.startswith("slos[0].metric") and "'ttft_ms'" in i for i in issues), issues
 
 
+def test_a_grid_corner_vllm_refuses_is_pruned_with_its_reason_not_run() -> None:
+    """max_num_seqs 8 with max_num_batched_tokens 4 cannot start; max_num_seqs 2 can: the spec is
+    accepted, the corner is pruned when planned (recorded with vLLM's reason), the rest planned."""
+    spec = parse_spec(GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 4}"))
+    plan = plan_grid(spec)
+    assert {b.config.args.max_num_seqs for b in plan.batches} == {2}
+    assert [p.config.args.max_num_seqs for p in plan.pruned] == [8, 8]  # prefix caching on and off
+    assert "max_num_batched_tokens (4) < max_num_seqs (8): vLLM refuses to start" in plan.pruned[0].reason
+    # the same args as an explicit config are refused, not pruned
+    explicit = GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512}\n  configs:\n"
+                            "    - {max_num_seqs: 8, max_num_batched_tokens: 4}")
+    assert any(i.startswith("engine (config") and "max_num_batched_tokens (4) < max_num_seqs (8)" in i
+               for i in _issues(explicit))
+
+
 def test_incompatible_combinations_refused_with_reason() -> None:
     bad = GOOD.replace(
         "fixed: {max_model_len: 512}",
@@ -75,9 +90,10 @@ def test_incompatible_combinations_refused_with_reason() -> None:
     )
     issues = _issues(bad)
     assert any("max_num_batched_tokens (256) < max_model_len (512) with chunked prefill off" in i for i in issues), issues
-    bad = GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 4}")
-    issues = _issues(bad)
-    assert any("max_num_batched_tokens (4) < max_num_seqs (8)" in i for i in issues), issues
+    bad = GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 1}")
+    issues = _issues(bad)  # no config of the grid left: refused
+    assert any("max_num_batched_tokens (1) < max_num_seqs (2)" in i for i in issues), issues
+    assert any("max_num_batched_tokens (1) < max_num_seqs (8)" in i for i in issues), issues
     bad = GOOD.replace("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, tensor_parallel_size: 3}")
     assert any("not divisible by tensor_parallel_size (3)" in i for i in _issues(bad))
     bad = GOOD.replace("input_len: 32, output_len: 16}\nslos", "input_len: 500, output_len: 16}\nslos")
@@ -167,7 +183,7 @@ BAD_SPECS: list[tuple[tuple[str, str], str]] = [
     (("max_num_seqs: [2, 8]", "max_num_seqz: [2, 8]"), "engine.grid.max_num_seqz: unknown key"),
     (("repeats: 2", "repeats: lots"), "repeats:"),
     (("repeats: 2", "repeats: -1"), "repeats: Input should be greater than or equal to 1"),
-    (("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 3}"), "max_num_seqs"),
+    (("fixed: {max_model_len: 512}", "fixed: {max_model_len: 512, max_num_batched_tokens: 1}"), "max_num_seqs"),
     (("model: {source: tiny}", "model: {source: path, path: /nonexistent/model}"), "model.path"),
     (("load_points:", "load_points: ["), "malformed YAML"),
     (("repeats: 2", "repeats: 2\ngpu_hour_prices: {1xH100-80GB: -3}"),

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from servetune.errors import SpecError, SpecIssue
-from servetune.manifest import EngineConfig, Plan, plan_configs
+from servetune.manifest import EngineConfig, Plan, PrunedConfig, StartCheck, plan_configs
 from servetune.ranking import TrialSummary
 from servetune.spec import ExperimentSpec
 
@@ -113,18 +113,45 @@ class Planner(ABC):
         fidelities = list(dict.fromkeys(f for _, f in asked)) or [1.0]
         plans = [plan_configs(self.spec, [c for c, g in asked if g == f], design=self.design, notes=self.notes,
                               prune=prune, fidelity=f) for f in fidelities]
-        if len(plans) == 1:
-            return plans[0]
-        return replace(plans[0], batches=tuple(b for p in plans for b in p.batches),
-                       pruned=tuple(x for p in plans for x in p.pruned))
+        found = tuple(x for p in plans for x in p.pruned) + self.take_pruned()
+        return replace(plans[0], batches=tuple(b for p in plans for b in p.batches), pruned=found)
+
+    def take_pruned(self) -> tuple[PrunedConfig, ...]:
+        """The configs this planner left out since the last call, because they cannot run (an
+        adaptive planner checks each config before asking for it; a fixed design is pruned by
+        :meth:`plan`): the sweep records them with the plan."""
+        return ()
 
 
 class AdaptivePlanner(Planner):
     """A design whose asks depend on what it was told: recorded as design ``adaptive`` (the analysis
-    words effects as associations), never pruned at plan time (it is told every config it asks)."""
+    words effects as associations). Its configs are never pruned at plan time (it is told every
+    config it asks); instead it never asks one that cannot run on any hardware target
+    (:meth:`cannot_run`, :class:`servetune.manifest.StartCheck`), which :meth:`take_pruned` reports."""
 
     design = "adaptive"
     adaptive = True
+
+    def __init__(self, spec: ExperimentSpec):
+        super().__init__(spec)
+        self.start_check = StartCheck(spec)
+        #: config_id -> its pruned entries (one per target), every config found unable to run
+        self.pruned: dict[str, list[PrunedConfig]] = {}
+        self._reported: set[str] = set()
+
+    def cannot_run(self, config: EngineConfig) -> bool:
+        """Whether ``config`` cannot run on any target (then it is recorded in :attr:`pruned`)."""
+        if config.config_id in self.pruned:
+            return True
+        entries = self.start_check.pruned_everywhere(config)
+        if entries:
+            self.pruned[config.config_id] = entries
+        return bool(entries)
+
+    def take_pruned(self) -> tuple[PrunedConfig, ...]:
+        new = [k for k in self.pruned if k not in self._reported]
+        self._reported.update(new)
+        return tuple(x for k in new for x in self.pruned[k])
 
 
 P = TypeVar("P", bound=type[Planner])

@@ -9,6 +9,9 @@ configs from the results so far (``sampler``: ``tpe``, ``gp`` or ``nsga2``; no o
   the latency of the first SLO (its metric at its percentile), else the p99 end-to-end latency.
 - SLOs are Optuna constraints (``ranking.require_slos``): one per load point and SLO, the median over
   the repeats of its latency minus its ``max_ms`` (feasible at or below 0), as :mod:`servetune.ranking` gates.
+- A config that cannot run on any hardware target (vLLM refuses its combination of args, or it cannot
+  fit in device memory: :class:`servetune.manifest.StartCheck`) is never asked: when Optuna proposes
+  one it is told as FAIL in that ask's study and recorded as pruned, with the reason; no trial is spent.
 - A config with a trial that failed by its own fault (a ``measurement`` failure, a parse failure,
   :func:`servetune.ranking.blames_config`) is told as FAIL; a ``transport`` failure is never told
   (the trial is run again, and the config told when it finishes).
@@ -25,6 +28,7 @@ configs from the results so far (``sampler``: ``tpe``, ``gp`` or ``nsga2``; no o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import random
@@ -37,7 +41,7 @@ from typing import Any
 from coordinator.planning._base import AdaptivePlanner, register
 from servetune.manifest import EngineConfig
 from servetune.ranking import TrialSummary, blames_config
-from servetune.spec import ExperimentSpec
+from servetune.spec import MAX_GRID_CONFIGS, ExperimentSpec
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ class OptunaPlanner(AdaptivePlanner):
         self.history: list[Scored] = []
         self.pending: dict[str, tuple[int, ...]] = {}  # config_id -> levels, asked and not yet told
         self.asked: dict[tuple[int, ...], None] = {}  # every config asked, in order
+        self.pruned_levels: set[tuple[int, ...]] = set()  # configs proposed that cannot run: never asked
+        self.exhausted = False
         if self.n_trials > self.size:
             self.notes = (f"planner.n_trials ({self.n_trials}) exceeds the {self.size} engine config(s) on the "
                           "grid's axes: at most all of them are measured",)
@@ -79,7 +85,7 @@ class OptunaPlanner(AdaptivePlanner):
     def ask(self) -> list[EngineConfig]:
         if self.pending or self.done:
             return []
-        n = min(self.batch, self.n_trials - len(self.asked), self.size - len(self.asked))
+        n = min(self.batch, self.n_trials - len(self.asked), self._left())
         out = []
         for levels in self._propose(n):
             config = self.config_at(levels)
@@ -109,7 +115,20 @@ class OptunaPlanner(AdaptivePlanner):
 
     @property
     def done(self) -> bool:
-        return not self.pending and len(self.asked) >= min(self.n_trials, self.size)
+        return not self.pending and (len(self.asked) >= self.n_trials or self._left() <= 0 or self.exhausted)
+
+    def _left(self) -> int:
+        """Configs of the space neither asked nor found unable to run."""
+        return self.size - len(self.asked) - len(self.pruned_levels)
+
+    def _runnable(self, levels: tuple[int, ...]) -> bool:
+        """Whether the config at ``levels`` can run (else it is pruned: never asked, never run)."""
+        if levels in self.pruned_levels:
+            return False
+        if self.cannot_run(self.config_at(levels)):
+            self.pruned_levels.add(levels)
+            return False
+        return True
 
     # ------------------------------------------------------------------ the space
 
@@ -177,6 +196,9 @@ class OptunaPlanner(AdaptivePlanner):
                         break
                     trial = study.ask(dists)
                     levels = tuple(int(trial.params[name]) for name in names)
+                    if levels not in self.asked and levels not in chosen and not self._runnable(levels):
+                        study.tell(trial, None, state=optuna.trial.TrialState.FAIL)  # cannot run: no trial spent
+                        continue
                     if levels in self.asked or levels in chosen:
                         seen = known.get(levels)
                         if seen is not None:  # measured: tell Optuna what it already knows
@@ -204,11 +226,19 @@ class OptunaPlanner(AdaptivePlanner):
         counts = [len(v) for _, v in self.axes]
         out: list[tuple[int, ...]] = []
         for _ in range(1000 * n):
-            if len(out) == n or len(taken) + len(out) >= self.size:
+            if len(out) == n or len(taken) + len(out) + len(self.pruned_levels) >= self.size:
                 break
             levels = tuple(rng.randrange(k) for k in counts)
-            if levels not in taken and levels not in out:
+            if levels not in taken and levels not in out and self._runnable(levels):
                 out.append(levels)
+        if len(out) < n and self.size <= MAX_GRID_CONFIGS:  # the draws missed the last ones: list them
+            for levels in itertools.product(*[range(k) for k in counts]):
+                if len(out) == n:
+                    break
+                if levels not in taken and levels not in out and self._runnable(levels):
+                    out.append(levels)
+        if len(out) < n:
+            self.exhausted = True  # nothing left that can run was found: the search is over
         return out
 
     def _directions(self) -> list[str]:

@@ -70,7 +70,11 @@ class HalvingPlanner(AdaptivePlanner):
         p = spec.planner
         self.eta = p.eta or DEFAULT_ETA
         self.fidelities = rung_fidelities(self.eta, p.min_fidelity)
-        first, notes = RandomPlanner(spec).choose()
+        drawn, notes = RandomPlanner(spec).choose()
+        first = [c for c in drawn if not self.cannot_run(c)]
+        if len(first) < len(drawn):
+            notes = (*notes, f"{len(drawn) - len(first)} of the {len(drawn)} configs drawn cannot run (pruned, "
+                             "with the reason) and are not replaced")
         self.first = first
         self.sizes = rung_sizes(len(first), self.eta, len(self.fidelities))
         self.notes = (*notes, "successive halving: rungs at fidelity " + ", ".join(f"{f:g}" for f in self.fidelities)
