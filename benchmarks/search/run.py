@@ -43,6 +43,15 @@ class TPEStartup5(OptunaPlanner):
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
 
 
+class PlainOptunaTPE(OptunaPlanner):
+    """Benchmark-only baseline: Optuna's TPE with its default settings over every config of the grid,
+    as Optuna alone gives it: the product planner with servetune's start check turned off, so a
+    config vLLM would refuse to start is asked, started and paid for like any other."""
+
+    def cannot_run(self, config: EngineConfig) -> bool:
+        return False
+
+
 @dataclass(frozen=True)
 class PlannerCase:
     """One planner of the benchmark: its ``planner`` section (per seed and grid size) and, for a
@@ -63,7 +72,12 @@ PLANNERS: dict[str, PlannerCase] = {c.name: c for c in [
                                                   "randomize": True, "seed": seed},
                 note=f"{QUASI_FRACTION:.0%} of the grid by scrambled Sobol, run in a seeded random order"),
     PlannerCase("tpe", lambda seed, n: {"kind": "optuna", "sampler": "tpe", "n_trials": n, "batch": 1, "seed": seed},
-                note="sampler: tpe, Optuna's TPESampler with its default settings (seed only)"),
+                note="sampler: tpe, Optuna's TPESampler with its default settings (seed only), never asking a "
+                     "config that cannot run (servetune's start check)"),
+    PlannerCase("tpe-plain", lambda seed, n: {"kind": "optuna", "sampler": "tpe", "n_trials": n, "batch": 1,
+                                               "seed": seed}, cls=PlainOptunaTPE,
+                note="benchmark-only baseline: Optuna's TPESampler, default settings, every grid config askable "
+                     "(no start check: configs vLLM refuses are started and paid for)"),
     PlannerCase("tpe-startup5", lambda seed, n: {"kind": "optuna", "sampler": "tpe", "n_trials": n, "batch": 1,
                                                   "seed": seed}, cls=TPEStartup5,
                 note="benchmark-only: TPESampler(n_startup_trials=5)"),
