@@ -290,8 +290,6 @@ class EngineSpace(StrictModel):
         """Every engine configuration this space describes, in a stable order, duplicates removed."""
         axes = self.axes()
         n_grid = sum(1 for name, _ in axes if not name.startswith("env."))
-        env_items = sorted(self.env_grid.items())
-        base = self.fixed.model_dump(exclude_none=True)
         out: list[tuple[EngineArgs, dict[str, str]]] = []
         seen: set[str] = set()
 
@@ -304,12 +302,8 @@ class EngineSpace(StrictModel):
         if n_grid or not self.configs:
             for levels in itertools.product(*[range(len(values)) for _, values in axes]):
                 add(*self.config_at(levels))
-        env_combos = list(itertools.product(*[v for _, v in env_items])) if env_items else [()]
-        for explicit in self.configs:
-            extra = explicit.model_dump(exclude_none=True, exclude={"env"})
-            for env_combo in env_combos:
-                env = {**self.env, **dict(zip([k for k, _ in env_items], env_combo)), **explicit.env}
-                add(EngineArgs(**{**base, **extra}), env)
+        for args, env in _explicit_configs(self):
+            add(args, env)
         return out
 
 
